@@ -1,0 +1,36 @@
+# The two commands: `make demo` and `make test`. Both set everything up on a fresh clone.
+# The dev set is pinned in requirements-dev.txt (torch==2.13.0, the CPU build on this disk);
+# every pip call below uses it as constraints, so no install can pull another torch.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test demo lint typecheck bench clean
+
+$(STAMP): pyproject.toml requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -c requirements-dev.txt torch==2.13.0
+	$(PIP) install -q -c requirements-dev.txt -e '.[dev,wds,plot]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks examples
+
+typecheck: setup
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+demo: setup
+	$(BIN)/tokenbucket demo
+
+bench: setup
+	$(BIN)/python benchmarks/bench_breakdown.py
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache .mypy_cache tokenbucket-demo

@@ -1,0 +1,102 @@
+"""The tokenbucket exception family.
+
+Every error the library raises on purpose derives from :class:`TokenbucketError`, so a caller
+can catch them all in one place and still tell them apart::
+
+    TokenbucketError
+     ├── ConfigError            a spec or option is invalid (names the field and the value)
+     └── MetadataError          a metadata row is invalid (names row, key, column and value)
+          ├── MissingColumnError    a required column is absent from the table
+          ├── InvalidValueError     null, NaN, negative, non-integer or out-of-range value
+          ├── DuplicateKeyError     a key already used by an earlier row
+          └── ImageTooSmallError    under ``resize="crop"`` the image holds no whole patch
+
+``ConfigError`` and ``MetadataError`` are also ``ValueError``s, so code that already catches
+``ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "DuplicateKeyError",
+    "ImageTooSmallError",
+    "InvalidValueError",
+    "MetadataError",
+    "MissingColumnError",
+    "TokenbucketError",
+]
+
+
+class TokenbucketError(Exception):
+    """Base class of every error raised by tokenbucket."""
+
+
+class ConfigError(TokenbucketError, ValueError):
+    """An invalid spec, option or config file entry."""
+
+
+class MetadataError(TokenbucketError, ValueError):
+    """An invalid metadata row.
+
+    Attributes:
+        row: 0-based index of the row in the input (``None`` for a single sample or a whole
+            column).
+        key: the row's key, when known.
+        column: the offending column (``cameras[1].height`` for a per-camera field).
+        value: the offending value, as read.
+        reason: the short reason, without the location (what a rejected table stores).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        column: str,
+        row: int | None = None,
+        key: str | None = None,
+        value: Any = None,
+    ) -> None:
+        self.reason = reason
+        self.column = column
+        self.row = row
+        self.key = key
+        self.value = value
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = []
+        if self.row is not None:
+            where.append(f"row {self.row}")
+        if self.key is not None:
+            where.append(f"key {self.key!r}")
+        location = f"{' '.join(where)}: " if where else ""
+        return f"{location}column {self.column!r} {self.reason}, but got {self.column}={self.value!r}"
+
+
+class MissingColumnError(MetadataError):
+    """A required column is absent from the metadata."""
+
+    def __init__(self, column: str, available: list[str]) -> None:
+        self.available = available
+        super().__init__("is required", column=column, value=None)
+
+    def _format(self) -> str:
+        return (
+            f"column {self.column!r} is required but missing; the metadata has columns "
+            f"{self.available}. Rename it, or map it with ColumnMap({self.column}=...)"
+        )
+
+
+class InvalidValueError(MetadataError):
+    """A null, NaN, negative, non-integer or out-of-range value."""
+
+
+class DuplicateKeyError(MetadataError):
+    """A key that an earlier row already uses; keys must be unique."""
+
+
+class ImageTooSmallError(MetadataError):
+    """Under ``resize="crop"`` the image is smaller than one (merged) patch."""

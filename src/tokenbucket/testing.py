@@ -1,0 +1,64 @@
+"""Seeded workloads and fakes shared by tests, examples, benchmarks and the demo.
+
+``mixture_a`` is the reference multi-camera workload: long-tailed like real VLA / video data,
+so a planner that only looks at the median gets it wrong.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["MIXTURE_A", "mixture_a"]
+
+# NOTE [ Mixture A ]
+# Per sample: cameras {1,2,3,4,6,8} (mostly 1-3), frames {1,...,32}, square 224/336/448 px at
+# patch 14 (256/576/1024 patches), text ~ lognormal with mean ~60 in [1, 1024], proprio 1-16,
+# action 0-64, memory 0 or 64. With the default TokenSpec(patch=14) the total has a median of a
+# few thousand tokens, p99 ~70k and a max above 100k (tests/test_testing.py checks this).
+MIXTURE_A = {
+    "cameras": ((1, 2, 3, 4, 6, 8), (0.34, 0.30, 0.22, 0.08, 0.04, 0.02)),
+    "frames": ((1, 2, 4, 8, 16, 32), (0.22, 0.20, 0.20, 0.18, 0.12, 0.08)),
+    "side": ((224, 336, 448), (0.55, 0.30, 0.15)),
+}
+
+
+def mixture_a(num_samples: int, *, seed: int = 0) -> pa.Table:
+    """``num_samples`` rows of mixture A metadata (flat schema), reproducible from ``seed``.
+
+    Columns: ``key`` (``"a{seed}-{i:09d}"``), ``cameras``, ``frames``, ``height``, ``width``,
+    ``text_tokens``, ``proprio_tokens``, ``action_tokens``, ``memory_tokens`` (all int64).
+
+    Example:
+        >>> mixture_a(3, seed=1).column_names[:5]
+        ['key', 'cameras', 'frames', 'height', 'width']
+    """
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
+        raise ValueError(f"num_samples should be a non-negative integer, but got num_samples={num_samples!r}")
+    rng = np.random.default_rng(seed)
+
+    def pick(name: str) -> np.ndarray:
+        values, probs = MIXTURE_A[name]
+        return rng.choice(np.asarray(values, dtype=np.int64), size=num_samples, p=probs)
+
+    cameras, frames, side = pick("cameras"), pick("frames"), pick("side")
+    # lognormal mean = exp(mu + sigma^2 / 2) = 60 with sigma = 0.8
+    text = np.clip(np.rint(rng.lognormal(np.log(60) - 0.32, 0.8, num_samples)), 1, 1024).astype(np.int64)
+    proprio = rng.integers(1, 17, num_samples)
+    action = rng.integers(0, 65, num_samples)
+    memory = rng.choice(np.array([0, 64], dtype=np.int64), size=num_samples)
+    keys = pa.array(np.arange(num_samples)).cast(pa.string())
+    keys = pa.compute.binary_join_element_wise(f"a{seed}-", pa.compute.utf8_lpad(keys, 9, "0"), "")
+    return pa.table(
+        {
+            "key": keys,
+            "cameras": cameras,
+            "frames": frames,
+            "height": side,
+            "width": side,
+            "text_tokens": text,
+            "proprio_tokens": proprio,
+            "action_tokens": action,
+            "memory_tokens": memory,
+        }
+    )
