@@ -381,6 +381,34 @@ class Breakdowns:
     def __len__(self) -> int:
         return self.table.num_rows
 
+    def summary(self) -> dict[str, Any]:
+        """Counts, percentiles of ``total`` and each modality's share of all tokens.
+
+        Example:
+            >>> from tokenbucket.testing import mixture_a
+            >>> s = breakdown_table(mixture_a(1000), TokenSpec(patch=14)).summary()
+            >>> s["count"], round(sum(s["share"].values()), 6)
+            (1000, 1.0)
+        """
+        totals = self.totals
+        modalities = [c for c in self.table.column_names if c not in ("key", "index", "total", "camera_tokens")]
+        sums = {m: int(pc.sum(self.table.column(m)).as_py() or 0) for m in modalities}
+        all_tokens = sum(sums.values())
+        out: dict[str, Any] = {"count": len(totals), "rejected": self.rejected.num_rows}
+        if len(totals):
+            q = np.percentile(totals, [50, 90, 99], method="higher")
+            out.update(
+                min=int(totals.min()),
+                p50=int(q[0]),
+                p90=int(q[1]),
+                p99=int(q[2]),
+                max=int(totals.max()),
+                mean=float(totals.mean()),
+            )
+        out["tokens"] = all_tokens
+        out["share"] = {m: (v / all_tokens if all_tokens else 0.0) for m, v in sums.items()}
+        return out
+
 
 REJECTED_SCHEMA = pa.schema(
     [
