@@ -1,0 +1,92 @@
+"""Metadata readers: real Parquet, JSONL and CSV files, single files and part directories,
+flat and per-camera schemas."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+
+from tokenbucket import ConfigError, TokenSpec, breakdown_table, read_metadata
+from tokenbucket.testing import mixture_a
+
+SPEC = TokenSpec(patch=14)
+
+
+def write(table: pa.Table, path: Path) -> None:
+    if path.suffix == ".parquet":
+        pq.write_table(table, path)
+    elif path.suffix == ".csv":
+        pcsv.write_csv(table, path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in table.to_pylist()))
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl", ".csv"])
+def test_metadata_single_file_gives_same_breakdown_as_table(tmp_path: Path, suffix: str) -> None:
+    table = mixture_a(500, seed=2)
+    path = tmp_path / f"meta{suffix}"
+    write(table, path)
+    got = breakdown_table(read_metadata(path), SPEC).table
+    want = breakdown_table(table, SPEC).table
+    assert got.column("total").to_pylist() == want.column("total").to_pylist()
+    assert got.column("key").to_pylist() == want.column("key").to_pylist()
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl", ".csv"])
+def test_metadata_directory_of_parts_reads_in_name_order(tmp_path: Path, suffix: str) -> None:
+    table = mixture_a(900, seed=4)
+    for i, start in enumerate(range(0, 900, 300)):
+        write(table.slice(start, 300), tmp_path / f"part-{i:03d}{suffix}")
+    (tmp_path / "README.txt").write_text("not metadata")
+    got = read_metadata(tmp_path)
+    assert got.num_rows == 900
+    assert got.column("key").to_pylist() == table.column("key").to_pylist()
+
+
+def test_metadata_per_camera_schema_through_parquet_and_jsonl(tmp_path: Path) -> None:
+    rows = [
+        {"key": "a", "cameras": [{"name": "top", "frames": 16, "height": 480, "width": 640},
+                                 {"name": "wrist", "frames": 16, "height": 224, "width": 224}]},
+        {"key": "b", "cameras": [{"name": "top", "frames": 8, "height": 480, "width": 640}]},
+    ]
+    spec = TokenSpec(patch=14, overrides={"wrist": {"tokens_per_frame": 64}})
+    for suffix in (".parquet", ".jsonl"):
+        path = tmp_path / f"cams{suffix}"
+        write(pa.Table.from_pylist(rows), path)
+        out = breakdown_table(read_metadata(path), spec, per_camera=True).table.to_pylist()
+        top = 35 * 46  # ceil(480/14) x ceil(640/14)
+        assert out[0]["camera_tokens"] == [16 * top, 16 * 64]
+        assert out[1]["vision"] == 8 * top
+
+
+def test_metadata_columns_projection_reads_only_what_is_asked(tmp_path: Path) -> None:
+    path = tmp_path / "m.parquet"
+    write(mixture_a(10), path)
+    got = read_metadata(path, columns=["key", "frames", "not_there"])
+    assert got.column_names == ["key", "frames"]
+
+
+def test_metadata_bad_sources_say_what_is_wrong(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_metadata(tmp_path / "nope.parquet")
+    with pytest.raises(ConfigError, match="holds no"):
+        read_metadata(tmp_path)
+    (tmp_path / "m.txt").write_text("x")
+    with pytest.raises(ConfigError, match="cannot tell the format"):
+        read_metadata(tmp_path / "m.txt")
+    with pytest.raises(ConfigError, match="format should be"):
+        read_metadata(tmp_path / "m.txt", format="xml")
+
+
+def test_metadata_csv_with_a_bad_cell_is_reported_not_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "m.csv"
+    path.write_text("key,cameras,frames,height,width\na,1,8,224,224\nb,1,eight,224,224\nc,2,4,224,224\n")
+    result = breakdown_table(read_metadata(path), SPEC, on_invalid="reject")
+    assert result.table.column("key").to_pylist() == ["a", "c"]
+    bad = result.rejected.to_pylist()[0]
+    assert (bad["index"], bad["key"], bad["column"], bad["value"]) == (1, "b", "frames", "'eight'")

@@ -1,0 +1,115 @@
+"""TokenSpec and CountRule: parsing, TOML, round trips, overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import tokenbucket
+from tokenbucket import CameraSpec, ColumnMap, ConfigError, CountRule, TokenSpec
+
+
+def test_spec_public_api_all_is_sorted_and_importable() -> None:
+    assert tokenbucket.__all__ == sorted(tokenbucket.__all__)
+    for name in tokenbucket.__all__:
+        assert hasattr(tokenbucket, name)
+
+
+@pytest.mark.parametrize(
+    ("text", "rule"),
+    [
+        ("48", CountRule(count=48)),
+        (48, CountRule(count=48)),
+        ("text_tokens", CountRule(column="text_tokens")),
+        ("text_tokens?", CountRule(column="text_tokens", optional=True)),
+        ("50*2", CountRule(count=50, tokens_per_unit=2)),
+        ("frames*3", CountRule(column="frames", tokens_per_unit=3)),
+        ({"horizon": 50, "tokens_per_step": 7}, CountRule(count=50, tokens_per_unit=7)),
+        ({"column": "frames", "tokens_per_step": 2}, CountRule(column="frames", tokens_per_unit=2)),
+    ],
+)
+def test_spec_count_rule_parse_forms(text: object, rule: CountRule) -> None:
+    parsed = CountRule.parse(text)  # type: ignore[arg-type]
+    assert parsed == rule
+    assert CountRule.parse(parsed.describe()) == parsed
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "-3", "x*y", True, 1.5, {"horizon": 5, "bogus": 1}])
+def test_spec_count_rule_parse_rejects_garbage(bad: object) -> None:
+    with pytest.raises(ConfigError):
+        CountRule.parse(bad)  # type: ignore[arg-type]
+
+
+def test_spec_camera_spec_applies_overrides_by_name_only() -> None:
+    spec = TokenSpec(patch=14, overrides={"wrist": {"patch": 16, "tubelet": 2}})
+    assert spec.camera_spec("wrist") == CameraSpec(patch=16, tubelet=2)
+    assert spec.camera_spec("top") == CameraSpec(patch=14)
+    assert spec.camera_spec(None) == spec.base_camera()
+
+
+def test_spec_slot_names_default_and_given() -> None:
+    spec = TokenSpec(camera_names=("top", "wrist"))
+    assert [spec.slot_name(j) for j in range(3)] == ["top", "wrist", "camera2"]
+
+
+def test_spec_dict_round_trip_is_identity() -> None:
+    spec = TokenSpec(
+        patch=16, resize="max_pixels", max_pixels=448 * 448, min_pixels=3136, merge=2, tubelet=2,
+        causal_first_frame=True, special_per_frame=1, special_per_camera=2, camera_slots=3,
+        camera_names=("top", "wrist"), overrides={"wrist": {"tokens_per_frame": 64}},
+        text=48, action="50*7", extras={"register": 4}, columns=ColumnMap(key=None, cameras="views"),
+    )
+    again = TokenSpec.from_dict(spec.to_dict())
+    assert again == spec
+    assert hash(again) == hash(spec)
+
+
+def test_spec_from_toml_reads_tokens_section(tmp_path: Path) -> None:
+    path = tmp_path / "tokenbucket.toml"
+    path.write_text(
+        """
+[tokens]
+patch = 14
+resize = "fixed"
+fixed_size = [224, 224]
+camera_slots = 3
+camera_names = ["base", "left_wrist", "right_wrist"]
+text = 48
+proprio = 1
+action = { horizon = 50, tokens_per_step = 1 }
+
+[tokens.overrides.left_wrist]
+tokens_per_frame = 64
+
+[tokens.columns]
+key = "episode_id"
+
+[model]
+hidden = 1024
+"""
+    )
+    spec = TokenSpec.from_toml(path)
+    assert spec.fixed_size == (224, 224)
+    assert spec.action == CountRule(count=50, tokens_per_unit=1)
+    assert spec.camera_spec("left_wrist").tokens_per_frame == 64
+    assert spec.columns.key == "episode_id"
+
+
+def test_spec_from_toml_unknown_key_and_bad_file(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text("[tokens]\npatchsize = 14\n")
+    with pytest.raises(ConfigError, match="patchsize"):
+        TokenSpec.from_toml(path)
+    path.write_text("[tokens\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        TokenSpec.from_toml(path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        TokenSpec.from_toml(tmp_path / "missing.toml")
+
+
+def test_spec_is_frozen() -> None:
+    spec = TokenSpec()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.patch = 16  # type: ignore[misc]
