@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 

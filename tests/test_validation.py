@@ -187,3 +187,15 @@ def test_validation_errors_share_one_family() -> None:
 def test_validation_on_invalid_must_be_known() -> None:
     with pytest.raises(ConfigError, match="on_invalid"):
         breakdown_table(table_with(0, "frames", 8), SPEC, on_invalid="skip")  # type: ignore[arg-type]
+
+
+def test_validation_duplicate_key_found_in_sorted_and_unsorted_keys() -> None:
+    # sorted input takes the one-pass proof; a repeat breaks "strictly increasing" and is found
+    for keys, dup_row in ((["a", "b", "b", "c"], 2), (["c", "a", "b", "a"], 3)):
+        table = pa.table({"key": keys, "cameras": [1] * 4, "frames": [1] * 4, "height": [14] * 4, "width": [14] * 4})
+        with pytest.raises(DuplicateKeyError) as info:
+            breakdown_table(table, SPEC)
+        assert info.value.row == dup_row
+    unique = pa.table({"key": ["c", "a", "b"], "cameras": [1] * 3, "frames": [1] * 3, "height": [14] * 3,
+                       "width": [14] * 3})
+    assert breakdown_table(unique, SPEC).table.num_rows == 3

@@ -40,6 +40,9 @@ _INT_RE = re.compile(r"^\s*[+-]?\d+\s*$")
 
 def check_scalar(value: Any, minimum: int, maximum: int) -> tuple[int, str | None]:
     """Validate one value; return ``(int_value, None)`` or ``(0, reason)``."""
+    if type(value) is int:  # the common case, without the ABC checks below
+        if minimum <= value <= maximum:
+            return value, None
     if value is None:
         return 0, R_NULL
     if isinstance(value, (bool, np.bool_)):

@@ -207,7 +207,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     biggest = result.table.sort_by([("total", "descending")]).slice(0, 3).to_pylist()
     print("\nlargest samples (the ones that OOM a naive batch):")
     meta = read_metadata(path).take([r["index"] for r in biggest]).to_pylist()
-    for r, m in zip(biggest, meta):
+    for r, m in zip(biggest, meta, strict=True):
         print(f"  {r['key']}: {m['cameras']} cameras x {m['frames']} frames x {m['height']}px "
               f"-> {r['total']:,} tokens (vision {r['vision']:,})")
     wd = dataclasses.replace(spec, tubelet=2)

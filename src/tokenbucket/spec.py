@@ -315,13 +315,20 @@ class TokenSpec(CameraSpec):
         base = self.base_camera()
         resolved = {cam: dataclasses.replace(base, **change) for cam, change in overrides.items()}
         object.__setattr__(self, "_resolved", resolved)
+        object.__setattr__(self, "_base", base)
+        rules = {name: cast(CountRule, getattr(self, name)) for name in MODALITIES}
+        rules.update(extras)
+        object.__setattr__(self, "_rules", rules)
 
     def __hash__(self) -> int:
         return hash(repr(self.to_dict()))
 
     def base_camera(self) -> CameraSpec:
         """The vision fields without any override."""
-        return CameraSpec(**{name: getattr(self, name) for name in CAMERA_FIELDS})
+        base: CameraSpec | None = self.__dict__.get("_base")
+        if base is None:  # during __post_init__, before it is cached
+            base = CameraSpec(**{name: getattr(self, name) for name in CAMERA_FIELDS})
+        return base
 
     def camera_spec(self, name: str | None) -> CameraSpec:
         """The vision fields for the camera called ``name`` (overrides applied)."""
@@ -338,9 +345,7 @@ class TokenSpec(CameraSpec):
 
     def rules(self) -> dict[str, CountRule]:
         """Every non-vision modality's rule, built-ins first, then extras in order."""
-        out = {name: cast(CountRule, getattr(self, name)) for name in MODALITIES}
-        out.update(self.extras)
-        return out
+        return dict(self.__dict__["_rules"])
 
     # -- serialisation -------------------------------------------------------------------------
 

@@ -1,0 +1,24 @@
+"""The examples a newcomer copies from must keep working."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tokenbucket import TokenSpec, breakdown_sample
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_examples_count_tokens_runs() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "count_tokens.py")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "one sample: 16,384 vision tokens" in proc.stdout
+    assert "0 rejected" in proc.stdout
+
+
+def test_examples_pi0_config_counts_867() -> None:
+    spec = TokenSpec.from_toml(ROOT / "examples" / "tokenbucket.toml")
+    assert breakdown_sample({"cameras": 2, "frames": 1, "height": 480, "width": 640}, spec).total == 867
