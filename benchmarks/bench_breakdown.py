@@ -12,8 +12,12 @@ Workload: mixture A (``tokenbucket.testing.mixture_a``, seed 0) written once to 
 Rows measured:
 - ``read``: Parquet → Arrow table.
 - ``vectorised``: ``breakdown_table`` — validation (nulls, NaN, types, ranges) and the arithmetic.
-- ``vectorised + unique keys``: the same plus the duplicate-key check (a hash over every key).
-- ``per-row loop``: ``breakdown_sample`` on each row of the same table, as a user would write it.
+- ``vectorised + unique keys``: the same plus the duplicate-key check — one comparison pass
+  when the keys are in order, a hash over every key when they are not (keys shuffled).
+- ``per-row loop``: ``breakdown_sample`` on each row of the same table, as a user would write it;
+  the ratio column is against this loop.
+- ``bare formula loop``: the hard-coded formula for this one spec with no validation — the
+  least any per-row loop can cost, for reference.
 
 Reference (2-core shared VM, 2026-12-02, 10M rows): see README.md "Benchmarks".
 """
@@ -69,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     t_keys, result_keys = best_of(args.repeat, breakdown_table, table, spec)
     totals = result.totals
     assert np.array_equal(totals, result_keys.totals)
+    # the same keys in random order: the uniqueness check must hash them
+    perm = np.random.default_rng(0).permutation(n)
+    shuffled = table.set_column(0, "key", table.column("key").take(pa.array(perm)))
+    t_hash, _ = best_of(1, breakdown_table, shuffled, spec)
 
     loop_rows = n if args.loop_rows <= 0 else min(args.loop_rows, n)
     loop_total = 0
@@ -83,12 +91,26 @@ def main(argv: list[str] | None = None) -> int:
     # the loop must count what the vectorised path counted
     assert loop_total == int(totals[:loop_rows].sum()), "per-row loop and vectorised path disagree"
 
+    # A bare loop of the formula for this spec (pad, patch 14, no tubelet), no validation:
+    # the least a hand-written loop can cost.
+    start = time.perf_counter()
+    bare_total = 0
+    for batch in table.slice(0, loop_rows).to_batches(max_chunksize=100_000):
+        for r in batch.to_pylist():
+            patches = -(-r["height"] // 14) * -(-r["width"] // 14)
+            bare_total += (r["cameras"] * r["frames"] * patches + r["text_tokens"] + r["proprio_tokens"]
+                           + r["action_tokens"] + r["memory_tokens"])
+    t_bare = time.perf_counter() - start
+    assert bare_total == loop_total
+
     rate_loop = loop_rows / t_loop
     rows = [
         ("read Parquet → Arrow", n, t_read, n / t_read),
         ("vectorised breakdown (validation + arithmetic)", n, t_vec, n / t_vec),
-        ("vectorised breakdown + unique-key check", n, t_keys, n / t_keys),
+        ("vectorised breakdown + unique-key check (keys in order)", n, t_keys, n / t_keys),
+        ("vectorised breakdown + unique-key check (keys shuffled)", n, t_hash, n / t_hash),
         ("per-row Python loop (breakdown_sample)", loop_rows, t_loop, rate_loop),
+        ("bare formula loop, no validation (reference)", loop_rows, t_bare, loop_rows / t_bare),
     ]
     print(f"\nmixture A, {n:,} rows, one core, python {sys.version.split()[0]}, "
           f"numpy {np.__version__}, pyarrow {pa.__version__}, {os.cpu_count()} CPUs visible\n")
