@@ -12,7 +12,8 @@ settings.register_profile("ci", max_examples=150, deadline=None, derandomize=Tru
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared")
+# shared/ lies beside the checkout (on developer machines and in CI alike).
+SHARED = os.environ.get("TOKENBUCKET_SHARED", os.path.join(os.path.dirname(__file__), "..", "..", "shared"))
 
 
 @pytest.fixture(autouse=True)
@@ -26,5 +27,7 @@ def clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 def lerobot_dir() -> str:
     path = os.path.join(SHARED, "data", "lerobot")
     if not os.path.isdir(path):
+        if os.environ.get("CI"):  # CI always has shared/: its absence is a failure, not a skip
+            pytest.fail(f"shared LeRobot metadata not found at {path}")
         pytest.skip(f"shared LeRobot metadata not found at {path}")
     return path
