@@ -23,7 +23,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-test: lint
+test: lint typecheck
 	$(BIN)/python -m pytest -q
 
 demo: setup

@@ -237,3 +237,9 @@ def test_breakdown_spec_replace_makes_a_variant() -> None:
     spec = TokenSpec(patch=14)
     assert dataclasses.replace(spec, patch=28).patch == 28
     assert spec.patch == 14
+
+
+def test_breakdown_table_accepts_numpy_columns() -> None:
+    cols = {"key": ["a", "b"], "cameras": np.array([4, 1]), "frames": np.array([16, 1]),
+            "height": np.array([224, 448]), "width": np.array([224, 448])}
+    assert breakdown_table(cols, TokenSpec(patch=14)).totals.tolist() == [16_384, 1_024]

@@ -167,7 +167,7 @@ def test_validation_zero_patch_size_is_a_config_error() -> None:
         ({"tokens_per_frame": 0}, "tokens_per_frame"),
         ({"camera_slots": 0}, "camera_slots"),
         ({"overrides": {"wrist": {"patchsize": 16}}}, "unknown fields"),
-        ({"overrides": {"wrist": {"patch": 0}}}, "patch should be a positive integer"),
+        ({"overrides": {"wrist": {"patch": 0}}}, r"overrides\[.wrist.\]: patch should be a positive integer"),
         ({"text": "12 tokens"}, "a token rule should look like"),
         ({"extras": {"text": 4}}, "built-in name"),
     ],

@@ -117,7 +117,8 @@ class Problems:
             candidate = (int(rows[j]), int(prio[j]), idx, j)
             if best is None or candidate < best:
                 best = candidate
-        assert best is not None
+        if best is None:  # callers check `if problems:` first
+            raise AssertionError("first() called with no problems recorded")
         row, _, idx, j = best
         _, _, reason, column, values = self.entries[idx]
         col = column[j] if not isinstance(column, str) else column
@@ -197,4 +198,4 @@ def check_array(
         bad |= high
     if bad.any():
         values = np.where(bad, minimum, values)
-    return values
+    return np.asarray(values, dtype=np.int64)

@@ -133,7 +133,8 @@ def _spatial_py(cs: CameraSpec, h: int, w: int) -> tuple[int, str | None]:
             return 0, "width"
         return gh * gw, None
     if cs.resize == "max_pixels":
-        assert cs.max_pixels is not None
+        if cs.max_pixels is None:  # CameraSpec.__post_init__ guarantees it
+            raise AssertionError("cs.max_pixels is unset")
         factor = p * m
         hb = max(factor, round(h / factor) * factor)
         wb = max(factor, round(w / factor) * factor)
@@ -147,7 +148,8 @@ def _spatial_py(cs: CameraSpec, h: int, w: int) -> tuple[int, str | None]:
             wb = math.ceil(w * beta / factor) * factor
         return (hb // factor) * (wb // factor), None
     if cs.resize == "fixed":
-        assert cs.fixed_size is not None
+        if cs.fixed_size is None:  # CameraSpec.__post_init__ guarantees it
+            raise AssertionError("cs.fixed_size is unset")
         h, w = cs.fixed_size
     return _ceil_div(_ceil_div(h, p), m) * _ceil_div(_ceil_div(w, p), m), None
 
@@ -173,7 +175,8 @@ def _spatial_np(cs: CameraSpec, h: np.ndarray, w: np.ndarray) -> tuple[np.ndarra
         small_w = (gw == 0) & ~small_h
         return gh * gw, small_h, small_w
     if cs.resize == "max_pixels":
-        assert cs.max_pixels is not None
+        if cs.max_pixels is None:  # CameraSpec.__post_init__ guarantees it
+            raise AssertionError("cs.max_pixels is unset")
         factor = p * m
         hf, wf = h.astype(np.float64), w.astype(np.float64)
         hb = np.maximum(factor, np.round(hf / factor).astype(np.int64) * factor)
@@ -191,7 +194,8 @@ def _spatial_np(cs: CameraSpec, h: np.ndarray, w: np.ndarray) -> tuple[np.ndarra
             wb[under] = np.ceil(wf[under] * beta / factor).astype(np.int64) * factor
         return (hb // factor) * (wb // factor), None, None
     if cs.resize == "fixed":
-        assert cs.fixed_size is not None
+        if cs.fixed_size is None:  # CameraSpec.__post_init__ guarantees it
+            raise AssertionError("cs.fixed_size is unset")
         fh, fw = cs.fixed_size
         per = _ceil_div(_ceil_div(fh, p), m) * _ceil_div(_ceil_div(fw, p), m)
         return np.full(len(h), per, dtype=np.int64), None, None
@@ -293,7 +297,8 @@ def breakdown_sample(sample: Mapping[str, Any], spec: TokenSpec, *, index: int |
                     raise MissingColumnError(f"{label}.{fld}", sorted(map(str, cam)))
                 dims.append(row.int(value, f"{label}.{fld}", 1, hi))
             name = cam.get(cols.name)
-            shapes.append((spec.slot_name(j) if name is None else str(name), *dims, False))
+            f, h, w = dims
+            shapes.append((spec.slot_name(j) if name is None else str(name), f, h, w, False))
         n_cams = len(cams_value)
     else:
         n_cams = row.int(cams_value, cols.cameras, 0, V.MAX_CAMERAS)
@@ -376,10 +381,10 @@ class Breakdowns:
 
     @property
     def totals(self) -> np.ndarray:
-        return self.table.column("total").to_numpy()
+        return np.asarray(self.table.column("total").to_numpy(), dtype=np.int64)
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        return int(self.table.num_rows)
 
     def summary(self) -> dict[str, Any]:
         """Counts, percentiles of ``total`` and each modality's share of all tokens.
@@ -433,7 +438,7 @@ def _flat(arr: pa.ChunkedArray) -> pa.Array:
 
 
 def breakdown_table(
-    table: pa.Table,
+    table: pa.Table | Mapping[str, Any],
     spec: TokenSpec,
     *,
     on_invalid: OnInvalid = "raise",
@@ -443,7 +448,8 @@ def breakdown_table(
     """The token breakdown of every row of ``table``, vectorised.
 
     Args:
-        table: metadata (see :func:`tokenbucket.metadata.read_metadata`).
+        table: metadata (see :func:`tokenbucket.metadata.read_metadata`), or a mapping of
+            column name to NumPy array / list.
         spec: the token spec; ``spec.columns`` names the columns.
         on_invalid: ``"raise"`` (default) raises the first bad row's error; ``"reject"`` moves
             every bad row to ``Breakdowns.rejected`` with its reason. Nothing is dropped or
@@ -458,6 +464,10 @@ def breakdown_table(
     """
     if on_invalid not in ("raise", "reject"):
         raise ConfigError(f"on_invalid should be 'raise' or 'reject', but got on_invalid={on_invalid!r}")
+    if not isinstance(table, pa.Table):
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"table should be a pyarrow.Table or a mapping of columns, but got {type(table).__name__}")
+        table = pa.table(dict(table))
     cols = spec.columns
     n = table.num_rows
     problems = V.Problems()

@@ -182,6 +182,19 @@ def _cmd_tokens(args: argparse.Namespace) -> int:
     return 0
 
 
+def _histogram(totals: Any, width: int = 40) -> str:
+    import numpy as np
+
+    edges = 2 ** np.arange(int(np.log2(max(totals.min(), 1))), int(np.ceil(np.log2(totals.max() + 1))) + 1)
+    counts, _ = np.histogram(totals, bins=edges)
+    peak = counts.max()
+    lines = []
+    for lo, hi, c in zip(edges[:-1], edges[1:], counts, strict=True):
+        bar = "#" * max(1 if c else 0, round(width * c / peak))
+        lines.append(f"  {int(lo):>8,} - {int(hi) - 1:>8,}  {c:>9,}  {bar}")
+    return "\n".join(lines)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     import time
 
@@ -204,6 +217,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     print(f"3. read + validated + counted in {seconds:.2f} s ({args.samples / seconds:,.0f} rows/s)\n")
     _print_summary(result.summary(), str(path))
+    print("\nL_total histogram (log2 bins; the tail is what a fixed batch size OOMs on):")
+    print(_histogram(result.totals))
     biggest = result.table.sort_by([("total", "descending")]).slice(0, 3).to_pylist()
     print("\nlargest samples (the ones that OOM a naive batch):")
     meta = read_metadata(path).take([r["index"] for r in biggest]).to_pylist()

@@ -313,7 +313,12 @@ class TokenSpec(CameraSpec):
         object.__setattr__(self, "overrides", overrides)
         # Resolve once: an invalid override fails here, not on row 10,000,000.
         base = self.base_camera()
-        resolved = {cam: dataclasses.replace(base, **change) for cam, change in overrides.items()}
+        resolved = {}
+        for cam, change in overrides.items():
+            try:
+                resolved[cam] = dataclasses.replace(base, **change)
+            except ConfigError as exc:
+                raise ConfigError(f"overrides[{cam!r}]: {exc}") from None
         object.__setattr__(self, "_resolved", resolved)
         object.__setattr__(self, "_base", base)
         rules = {name: cast(CountRule, getattr(self, name)) for name in MODALITIES}
