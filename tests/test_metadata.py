@@ -90,3 +90,18 @@ def test_metadata_csv_with_a_bad_cell_is_reported_not_dropped(tmp_path: Path) ->
     assert result.table.column("key").to_pylist() == ["a", "c"]
     bad = result.rejected.to_pylist()[0]
     assert (bad["index"], bad["key"], bad["column"], bad["value"]) == (1, "b", "frames", "'eight'")
+
+
+def test_metadata_unparseable_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "meta.json"
+    path.write_text('[{"key": "a"}]')  # a JSON array, not one object per line
+    with pytest.raises(ConfigError, match=r"meta\.json.*one object per line"):
+        read_metadata(path)
+
+
+def test_metadata_empty_table_gives_empty_breakdown(tmp_path: Path) -> None:
+    path = tmp_path / "m.parquet"
+    write(mixture_a(0), path)
+    result = breakdown_table(read_metadata(path), SPEC, per_camera=True)
+    assert result.table.num_rows == 0 and result.rejected.num_rows == 0
+    assert result.summary()["count"] == 0

@@ -2,7 +2,8 @@
 
 Parquet, JSONL and CSV, as one file or a directory of part files (read in sorted name order,
 so row indices are stable). The per-camera schema — a ``cameras`` column holding a list of
-``{name, frames, height, width}`` structs — comes through Parquet and JSONL as it is.
+``{name, frames, height, width}`` structs — comes through Parquet and JSONL as it is; CSV holds
+the flat schema only. A file that cannot be parsed is a :class:`ConfigError` naming it.
 
 Example:
     >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -103,7 +104,14 @@ def read_metadata(
         paths = [Path(p) for p in source]
         if not paths:
             raise ConfigError("metadata source should name at least one file, but got an empty list")
-    tables = [_read_one(p, _format_of(p, format), columns) for p in paths]
+    tables = []
+    for p in paths:
+        fmt = _format_of(p, format)
+        try:
+            tables.append(_read_one(p, fmt, columns))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+            hint = " (JSON metadata must be one object per line)" if fmt == "jsonl" else ""
+            raise ConfigError(f"cannot read {str(p)!r} as {fmt}{hint}: {exc}") from None
     if len(tables) == 1:
         return tables[0]
     return pa.concat_tables(tables, promote_options="permissive")
