@@ -455,8 +455,9 @@ def breakdown_table(
             every bad row to ``Breakdowns.rejected`` with its reason. Nothing is dropped or
             clamped silently either way.
         per_camera: also return each sample's per-camera tokens as a list column.
-        check_keys: check that keys are unique (a hash over every key; turn off only when the
-            keys are known to be unique).
+        check_keys: check that keys are unique (one comparison pass when the keys are in
+            increasing order, else a hash over every key; turn off only when the keys are known
+            to be unique).
 
     Raises:
         MissingColumnError: a required column is absent (in either mode).
@@ -761,10 +762,9 @@ def _vision_list(
 
     tokens = _element_tokens(spec, {}, pos, names, f, h, w, problems, parent, small_labels)
     vision = np.bincount(parent, weights=tokens, minlength=n).astype(np.int64)
-    real = len(source_pos) if not extra.any() else int(counts.sum())
+    real = int(counts.sum())  # elements before the appended empty slots
     max_frames = np.zeros(n, dtype=np.int64)
-    if real:
-        np.maximum.at(max_frames, parent[:real], f[:real])
+    np.maximum.at(max_frames, parent[:real], f[:real])
     lists = None
     if per_camera:
         order = np.lexsort((pos, parent))
