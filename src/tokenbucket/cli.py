@@ -2,6 +2,10 @@
 
     tokenbucket tokens METADATA [--config F] [--json] [spec flags]
     tokenbucket tokens --sample '{"cameras":4,"frames":16,"height":224,"width":224}' --patch 14 --json
+    tokenbucket cost [model flags] --batch B --length L [--gpu NAME | --budget-gib X] [--json]
+    tokenbucket ledger --sample JSON [token flags] [model flags] [--whatif frames=32 ...] [--json]
+    tokenbucket profile MODULE:FACTORY [model flags] --batch B --length L [--save PROFILE.json]
+    tokenbucket gpus [--json]
     tokenbucket demo [--out DIR] [--samples N] [--seed S]
 
 Every :class:`~tokenbucket.spec.TokenSpec` field has a flag, so a quick question needs no
@@ -60,6 +64,66 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--extra", action="append", default=[], metavar="NAME=RULE", help="named extra modality (repeatable)")
     g.add_argument("--column", action="append", default=[], metavar="FIELD=NAME",
                    help="metadata column mapping, e.g. key=episode_id or cameras=views (repeatable)")
+
+
+def _add_model_flags(p: argparse.ArgumentParser, *, with_config: bool = False) -> None:
+    g = p.add_argument_group("model (each overrides --config's [model] and --preset; "
+                             "default preset design-24L-1024)")
+    if with_config:
+        g.add_argument("--config", type=Path, help="tokenbucket.toml whose [model] section is the base")
+    g.add_argument("--preset", help="start from a named model (see ModelSpec presets)")
+    g.add_argument("--hidden", type=int, help="model width D")
+    g.add_argument("--layers", type=int, help="number of blocks")
+    g.add_argument("--heads", type=int, help="attention heads")
+    g.add_argument("--kv-heads", type=int, help="K/V heads (GQA/MQA)")
+    g.add_argument("--mlp-ratio", type=float, help="MLP width over hidden (default 4)")
+    g.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None, help="SwiGLU MLP")
+    g.add_argument("--precision", choices=["bf16", "amp", "fp32"])
+    g.add_argument("--attention", choices=["flash", "sdpa", "eager", "mem_efficient"])
+    g.add_argument("--window", type=int, help="local attention window in tokens")
+    g.add_argument("--checkpointing", choices=["none", "full"])
+    g.add_argument("--mode", choices=["train", "infer"])
+    g.add_argument("--optimizer", choices=["adamw", "sgd", "none"])
+    g.add_argument("--extra-params", type=int, help="parameters outside the blocks (encoders, heads)")
+    g.add_argument("--extra-bytes", type=int, help="fixed bytes the block model does not see")
+
+
+def model_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`ModelSpec` that ``--config``'s ``[model]``, ``--preset`` and the flags describe."""
+    from tokenbucket.model import ModelSpec
+
+    data: dict[str, Any] = {}
+    if getattr(args, "config", None) is not None:
+        from tokenbucket._config import load_toml_section
+
+        data = load_toml_section(args.config, "model")
+    if args.preset is not None:
+        data["preset"] = args.preset
+    for name in ("hidden", "layers", "heads", "kv_heads", "mlp_ratio", "gated_mlp", "precision", "attention",
+                 "window", "checkpointing", "mode", "optimizer", "extra_params", "extra_bytes"):
+        value = getattr(args, name)
+        if value is not None:
+            data[name] = value
+    if "preset" not in data and not {"hidden", "layers", "heads"} <= set(data):
+        # no full model given: the flags change the design document's 24-layer model
+        data["preset"] = "design-24L-1024"
+    return ModelSpec.from_dict(data)
+
+
+def _budget(args: argparse.Namespace) -> int | None:
+    from tokenbucket.gpus import GIB, gpu_budget_bytes
+
+    if args.budget_gib is not None:
+        if args.budget_gib <= 0:
+            raise ConfigError(f"--budget-gib should be positive, but got {args.budget_gib}")
+        return int(args.budget_gib * GIB)
+    if args.gpu is not None:
+        return gpu_budget_bytes(args.gpu)
+    return None
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:,.2f} GiB"
 
 
 def _parse_value(text: str) -> Any:
@@ -182,6 +246,164 @@ def _cmd_tokens(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_gpus(args: argparse.Namespace) -> int:
+    from tokenbucket.gpus import GPUS, gpu_budget_bytes
+
+    rows = [
+        {"name": g.name, "visible_gib": g.visible_gib, "budget_gib": round(gpu_budget_bytes(g) / 2**30, 2),
+         "bf16_tflops": g.bf16_tflops, "bandwidth_tbs": g.bandwidth_tbs}
+        for g in GPUS.values()
+    ]
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'gpu':<11} {'visible':>9} {'budget':>9} {'bf16 TFLOP/s':>13} {'TB/s':>6}")
+    for r in rows:
+        tf = "no bf16" if r["bf16_tflops"] is None else f"{r['bf16_tflops']:,.0f}"
+        print(f"{r['name']:<11} {r['visible_gib']:>7.2f}Gi {r['budget_gib']:>7.2f}Gi {tf:>13} {r['bandwidth_tbs']:>6.2f}")
+    print("budget = (visible - 0.5 GiB CUDA context - 0.25 GiB workspace) / 1.1")
+    return 0
+
+
+def _cmd_cost(args: argparse.Namespace) -> int:
+    from tokenbucket.cost import MEMORY_ITEMS, CostModel
+
+    model = model_from_args(args)
+    cost = CostModel(model, args.gpu, mfu=args.mfu)
+    mem = cost.memory(args.batch, args.length)
+    flops = cost.flops(args.batch, args.length)
+    budget = _budget(args)
+    out: dict[str, Any] = {k: getattr(mem, k) for k in MEMORY_ITEMS}
+    out.update(total=mem.total, phase=mem.phase, flops=flops.to_dict())
+    if budget is not None:
+        out.update(budget_bytes=budget, fits=mem.total <= budget, max_batch=cost.max_batch(args.length, budget))
+    if cost.gpu is not None:
+        out["step_seconds"] = cost.step_seconds(args.batch, args.length)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{model.name or 'model'}: {model.layers} x D={model.hidden}, {model.heads} heads "
+          f"({model.kv_heads} kv), {model.precision}, {model.attention}, {model.mode}, "
+          f"{model.params / 1e6:,.1f} M params; batch {args.batch} x length {args.length:,}")
+    for k in MEMORY_ITEMS:
+        print(f"  {k:<17} {_gib(getattr(mem, k)):>14}")
+    print(f"  {'total (peak)':<17} {_gib(mem.total):>14}   at the {mem.phase} phase")
+    print(f"  flops: forward {flops.forward:.3e}, attention {flops.attention:.3e}, training {flops.training:.3e}")
+    if budget is not None:
+        verdict = "fits" if out["fits"] else "does NOT fit"
+        print(f"  budget {_gib(budget)}: {verdict}; largest batch at this length: {out['max_batch']}")
+    if "step_seconds" in out:
+        print(f"  step time at {args.mfu:.0%} of {cost.gpu.name} peak: {out['step_seconds'] * 1e3:,.1f} ms")  # type: ignore[union-attr]
+    return 0
+
+
+def _cmd_ledger(args: argparse.Namespace) -> int:
+    from tokenbucket.ledger import ledger_with_whatifs
+
+    spec = spec_from_args(args)
+    model = model_from_args(args)
+    try:
+        sample = json.loads(args.sample)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--sample should be a JSON object, but got {args.sample!r} ({exc})") from None
+    if not isinstance(sample, dict):
+        raise ConfigError(f"--sample should be a JSON object, but got {args.sample!r}")
+    led = ledger_with_whatifs(sample, spec, model, args.whatif, batch=args.batch)
+    if args.json:
+        print(json.dumps(led))
+        return 0
+    heads = ["base", *args.whatif]
+    print(f"{'line':<34}" + "".join(f"{h:>16}" for h in heads))
+    lines = [
+        ("tokens (L)", led["tokens"]["total"], "tokens.total", "n"),
+        ("hidden per layer", led["per_layer"]["hidden_bytes"], "per_layer.hidden_bytes", "b"),
+        ("Q/K/V per layer", led["per_layer"]["qkv_bytes"], "per_layer.qkv_bytes", "b"),
+        ("one score tensor per layer", led["per_layer"]["attention_score_bytes"], "per_layer.attention_score_bytes", "b"),
+        ("attention FLOPs per layer", led["per_layer"]["attention_flops"], "per_layer.attention_flops", "f"),
+        ("KV cache (all layers)", led["kv_cache_bytes"], "kv_cache_bytes", "b"),
+        (f"predicted peak ({model.attention}, {model.mode})", led["peak_bytes"], "peak_bytes", "b"),
+    ]
+    for label, value, key, kind in lines:
+        base = f"{value:,}" if kind == "n" else (f"{value:.3e}" if kind == "f" else _gib(value))
+        cells = [f"{base:>16}"]
+        for w in args.whatif:
+            ratio = led["whatif"][w].get(key)
+            cells.append(f"{'' if ratio is None else f'x{ratio:.2f}':>16}")
+        print(f"{label:<34}" + "".join(cells))
+    return 0
+
+
+def _load_factory(target: str) -> Any:
+    import importlib
+
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"expected MODULE:FACTORY (e.g. mypkg.models:build), but got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r}: {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"module {module_name!r} has no {attr!r}") from None
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    import inspect
+
+    import torch
+
+    from tokenbucket.cost import CostModel
+    from tokenbucket.profile import profile_memory, profile_points
+
+    model = model_from_args(args)
+    factory = _load_factory(args.factory)
+    takes_spec = False
+    try:
+        takes_spec = "spec" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        pass
+
+    def build() -> torch.nn.Module:
+        module: torch.nn.Module = factory(spec=model) if takes_spec else factory()
+        return module
+
+    dtype = torch.bfloat16 if model.precision == "bf16" else torch.float32
+    if args.input is not None:
+        make_batch = _load_factory(args.input)
+    else:
+        def make_batch(b: int, length: int) -> torch.Tensor:
+            return torch.empty(b, length, model.hidden, dtype=dtype)
+
+    train = model.mode == "train"
+    points = [(args.batch, length) for length in (args.length or [])]
+    rows = []
+    for b, length in points:
+        prof = profile_memory(build, make_batch, b, length, train=train, optimizer=model.optimizer,
+                              device=args.device)
+        est = CostModel(model).memory(b, length)
+        rows.append({"batch": b, "length": length, "measured": prof.peak, "measured_phases": prof.peaks,
+                     "analytic": est.total, "analytic_phase": est.phase, "ratio": est.total / prof.peak})
+    if args.save is not None:
+        grid = sorted({(b, length) for _, length in points for b in (1, 2, args.batch)})
+        profile_points(build, make_batch, grid, target=args.gpu or "fake-cpu", dtype=model.precision,
+                       device=args.device, train=train, optimizer=model.optimizer).save(args.save)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{args.factory} on {'fake tensors (CPU)' if args.device == 'fake' else args.device}, "
+          f"{model.precision}, {model.attention}, {model.mode}")
+    print(f"{'batch':>5} {'length':>8} {'measured':>12} {'analytic':>12} {'analytic/measured':>18}  measured by phase")
+    for r in rows:
+        phases = ", ".join(f"{k} {_gib(v)}" for k, v in r["measured_phases"].items())
+        print(f"{r['batch']:>5} {r['length']:>8,} {_gib(r['measured']):>12} {_gib(r['analytic']):>12} "
+              f"{r['ratio']:>18.3f}  {phases}")
+    if args.save is not None:
+        print(f"profile written to {args.save}")
+    return 0
+
+
 def _histogram(totals: Any, width: int = 40) -> str:
     import numpy as np
 
@@ -243,6 +465,42 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop at the first bad row, or report bad rows and go on")
     _add_spec_flags(tokens)
     tokens.set_defaults(func=_cmd_tokens)
+
+    gpus = sub.add_parser("gpus", help="the GPU registry and each GPU's memory budget")
+    gpus.add_argument("--json", action="store_true")
+    gpus.set_defaults(func=_cmd_gpus)
+
+    cost = sub.add_parser("cost", help="itemised memory, FLOPs and fit of one batch shape")
+    cost.add_argument("--batch", type=int, required=True)
+    cost.add_argument("--length", type=int, required=True, help="padded sequence length in tokens")
+    cost.add_argument("--gpu", help="GPU target (see `tokenbucket gpus`)")
+    cost.add_argument("--budget-gib", type=float, help="memory budget instead of a GPU's")
+    cost.add_argument("--mfu", type=float, default=0.4, help="assumed FLOPs utilisation for step time")
+    cost.add_argument("--json", action="store_true")
+    _add_model_flags(cost, with_config=True)
+    cost.set_defaults(func=_cmd_cost)
+
+    ledger = sub.add_parser("ledger", help="one sample's tokens as bytes and FLOPs, with what-ifs")
+    ledger.add_argument("--sample", required=True, help="one sample as a JSON object")
+    ledger.add_argument("--batch", type=int, default=1)
+    ledger.add_argument("--whatif", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
+                        help="e.g. frames=32, side=448, kv_heads=4, patch=28, batch=2 (repeatable)")
+    ledger.add_argument("--json", action="store_true")
+    _add_spec_flags(ledger)
+    _add_model_flags(ledger)
+    ledger.set_defaults(func=_cmd_ledger)
+
+    prof = sub.add_parser("profile", help="measure a model's peak memory on fake tensors (or CUDA)")
+    prof.add_argument("factory", help="MODULE:FACTORY returning the nn.Module (given spec= if it takes one)")
+    prof.add_argument("--input", help="MODULE:FN (batch, length) -> input; default [B, L, hidden] tensor")
+    prof.add_argument("--batch", type=int, default=1)
+    prof.add_argument("--length", type=int, action="append", help="sequence length (repeatable)")
+    prof.add_argument("--device", choices=["fake", "cuda"], default="fake")
+    prof.add_argument("--gpu", help="the GPU target a saved profile is for")
+    prof.add_argument("--save", type=Path, help="also measure a small grid and save a profile JSON")
+    prof.add_argument("--json", action="store_true")
+    _add_model_flags(prof, with_config=True)
+    prof.set_defaults(func=_cmd_profile)
 
     demo = sub.add_parser("demo", help="the main job on a realistic multi-camera dataset")
     demo.add_argument("--out", default="tokenbucket-demo", help="directory for the demo's files")

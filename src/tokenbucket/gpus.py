@@ -1,0 +1,112 @@
+"""GPU targets: the memory PyTorch can use on each, its bf16 peak and bandwidth, and budgets.
+
+``visible_gib`` is what ``torch.cuda.get_device_properties(0).total_memory`` reports (a little
+under the marketing size; ECC and driver reservations vary by a few hundred MiB, so measure your
+own with ``tokenbucket gpus`` on the machine if it matters). Peak TFLOP/s are dense (no
+sparsity) tensor-core figures for bf16 from the vendors' data sheets.
+
+The budget for a training step is::
+
+    budget = (visible - cuda_context - workspace) / safety
+
+with a CUDA context of about 0.5 GiB (it is not counted by ``max_memory_allocated``), 0.25 GiB
+of cuBLAS / cuDNN / NCCL workspaces, and a safety factor of 1.1 against fragmentation.
+
+Example:
+    >>> round(gpu_budget_bytes("H100-SXM") / 2**30, 1)
+    71.2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenbucket._exceptions import ConfigError
+
+__all__ = ["GPU", "GPUS", "get_gpu", "gpu_budget_bytes"]
+
+GIB = 2**30
+CUDA_CONTEXT_BYTES = GIB // 2
+WORKSPACE_BYTES = GIB // 4
+SAFETY = 1.1
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU target."""
+
+    name: str
+    visible_gib: float
+    bf16_tflops: float | None
+    fp16_tflops: float
+    fp32_tflops: float
+    bandwidth_tbs: float
+    vendor: str = "nvidia"
+
+    @property
+    def visible_bytes(self) -> int:
+        return int(self.visible_gib * GIB)
+
+    def peak_flops(self, precision: str) -> float:
+        """Peak FLOP/s for a precision (``bf16``/``amp`` use bf16 tensor cores)."""
+        if precision == "fp32":
+            return self.fp32_tflops * 1e12
+        if self.bf16_tflops is None:
+            raise ConfigError(
+                f"{self.name} has no bf16 support; use precision='fp32' (or fp16 with a loss scaler, "
+                f"which tokenbucket prices as fp32 master weights) on this GPU, or pick a newer GPU"
+            )
+        return self.bf16_tflops * 1e12
+
+
+GPUS: dict[str, GPU] = {
+    g.name: g
+    for g in (
+        GPU("A100-40GB", 39.39, 312, 312, 19.5, 1.555),
+        GPU("A100-80GB", 79.15, 312, 312, 19.5, 2.039),
+        GPU("H100-SXM", 79.11, 989, 989, 67, 3.35),
+        GPU("H100-PCIe", 79.11, 756, 756, 51, 2.0),
+        GPU("H200", 139.8, 989, 989, 67, 4.8),
+        GPU("B200", 178.4, 2250, 2250, 80, 8.0),
+        GPU("L40S", 44.39, 362, 362, 91.6, 0.864),
+        GPU("RTX-4090", 23.65, 165, 165, 82.6, 1.008),
+        GPU("RTX-3090", 23.57, 71, 71, 35.6, 0.936),
+        GPU("A10G", 22.07, 70, 70, 31.2, 0.6),
+        GPU("L4", 22.03, 121, 121, 30.3, 0.3),
+        GPU("MI300X", 191.5, 1307, 1307, 163.4, 5.3, vendor="amd"),
+        GPU("V100-32GB", 31.74, None, 125, 15.7, 0.9),
+    )
+}
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(" ", "-")
+
+
+def get_gpu(name: str | GPU) -> GPU:
+    """Look a GPU up by name (case, ``_`` and spaces do not matter).
+
+    Raises:
+        ConfigError: unknown name; the message lists the known ones.
+    """
+    if isinstance(name, GPU):
+        return name
+    wanted = _norm(name)
+    for key, gpu in GPUS.items():
+        if _norm(key) == wanted:
+            return gpu
+    raise ConfigError(f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)} (or give --budget-gib)")
+
+
+def gpu_budget_bytes(
+    gpu: str | GPU,
+    *,
+    safety: float = SAFETY,
+    context_bytes: int = CUDA_CONTEXT_BYTES,
+    workspace_bytes: int = WORKSPACE_BYTES,
+) -> int:
+    """Bytes a training step may allocate on ``gpu`` (see the module docstring)."""
+    if safety < 1:
+        raise ConfigError(f"safety should be >= 1, but got safety={safety}")
+    g = get_gpu(gpu)
+    return int((g.visible_bytes - context_bytes - workspace_bytes) / safety)
