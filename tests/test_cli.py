@@ -96,3 +96,64 @@ def test_cli_demo_runs_as_a_process(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "5,000 samples, 0 rejected" in proc.stdout
     assert (tmp_path / "metadata.parquet").exists()
+
+
+def test_cli_gpus_lists_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "gpus", "--json")
+    names = {g["name"] for g in json.loads(out)}
+    assert code == 0 and {"H100-SXM", "V100-32GB", "MI300X"} <= names
+
+
+def test_cli_cost_json_has_items_total_and_flops(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "cost", "--preset", "design-24L-1024", "--batch", "1", "--length", "16384",
+                       "--gpu", "H100-SXM", "--json")
+    data = json.loads(out)
+    assert code == 0
+    for key in ("weights", "gradients", "optimizer", "activations", "attention_scores", "kv_cache",
+                "transients", "extra", "total", "flops", "fits", "max_batch"):
+        assert key in data
+    assert data["flops"]["attention_per_layer"] == 2**40
+    assert data["fits"] is True and data["max_batch"] >= 1
+
+
+def test_cli_cost_model_flags_and_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "cost", "--hidden", "1024", "--layers", "24", "--heads", "16", "--attention", "eager",
+                       "--batch", "1", "--length", "16384", "--budget-gib", "80")
+    assert code == 0 and "does NOT fit" in out
+    code, _, err = run(capsys, "cost", "--hidden", "1000", "--layers", "2", "--heads", "16", "--batch", "1",
+                       "--length", "8")
+    assert code == 1 and "heads should divide hidden" in err
+    code, _, err = run(capsys, "cost", "--batch", "1", "--length", "8", "--gpu", "TPU")
+    assert code == 1 and "H100-SXM" in err
+    code, _, err = run(capsys, "cost", "--batch", "-1", "--length", "8")
+    assert code == 1 and "batch=-1" in err
+
+
+def test_cli_ledger_json_with_whatif(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "ledger", "--sample", '{"cameras":4,"frames":16,"height":224,"width":224}',
+                       "--patch", "14", "--whatif", "frames=32", "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert set(data) >= {"tokens", "per_layer", "kv_cache_bytes", "peak_bytes", "memory", "whatif"}
+    assert data["per_layer"]["attention_score_bytes"] == 8 * 2**30
+    assert data["whatif"]["frames=32"]["per_layer.attention_score_bytes"] == 4
+    code, text, _ = run(capsys, "ledger", "--sample", '{"cameras":4,"frames":16,"height":224,"width":224}',
+                        "--whatif", "side=448")
+    assert code == 0 and "x16.00" in text
+
+
+def test_cli_profile_user_model_side_by_side(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "profile", "tokenbucket.reference:ReferenceTransformer", "--hidden", "256",
+                       "--layers", "2", "--heads", "4", "--batch", "2", "--length", "512", "--length", "1024",
+                       "--save", str(tmp_path / "p.json"), "--json")
+    rows = json.loads(out)
+    assert code == 0 and [r["length"] for r in rows] == [512, 1024]
+    for r in rows:
+        assert abs(r["ratio"] - 1) < 0.05
+    assert (tmp_path / "p.json").exists()
+    code, out, _ = run(capsys, "profile", "tests.user_models:build", "--input", "tests.user_models:make_batch",
+                       "--hidden", "128", "--layers", "2", "--heads", "4", "--precision", "fp32",
+                       "--batch", "2", "--length", "256")
+    assert code == 0 and "measured" in out and "analytic" in out
+    code, _, err = run(capsys, "profile", "no_such_module:build")
+    assert code == 1 and "cannot import" in err

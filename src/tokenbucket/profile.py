@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -121,6 +122,31 @@ def _default_loss(out: Any) -> torch.Tensor:
     return loss
 
 
+def _adopt(model: torch.nn.Module) -> None:
+    """Rebind parameters and buffers that belong to another fake mode to the active one.
+
+    NOTE [ deepcopy under FakeTensorMode ]
+    ``copy.deepcopy`` of a fake tensor (``nn.TransformerEncoder`` deep-copies its layer) yields
+    a tensor bound to a different fake mode, and the first op mixing the two fails. Shapes,
+    dtypes and strides are all the profiler needs, so such tensors are replaced by fresh ones.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    modes = [m for m in _get_current_dispatch_mode_stack() if type(m).__name__ == "FakeTensorMode"]
+    if not modes:
+        return
+    mode = modes[-1]
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, tensor in list(table.items()):
+                if isinstance(tensor, FakeTensor) and tensor.fake_mode is not mode:
+                    fresh = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype)
+                    if isinstance(tensor, torch.nn.Parameter):
+                        fresh = torch.nn.Parameter(fresh, requires_grad=tensor.requires_grad)
+                    table[name] = fresh
+
+
 def _run_steps(
     model_factory: ModelFactory,
     make_batch: BatchFactory,
@@ -134,6 +160,7 @@ def _run_steps(
     mark: Callable[[str], None],
 ) -> None:
     model = model_factory()
+    _adopt(model)
     opt: torch.optim.Optimizer | None = None
     if train and optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
@@ -192,7 +219,9 @@ def profile_memory(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     tracker = StorageTracker()
-    with FakeTensorMode(), tracker:
+    with FakeTensorMode(), tracker, warnings.catch_warnings():
+        # nn.Transformer* layers probe data pointers for their fast path; fake tensors have none
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         _run_steps(model_factory, make_batch, batch, length, train=train, optimizer=optimizer, steps=steps,
                    loss_fn=loss_fn, mark=tracker.set_phase)
     peaks = {k: v for k, v in tracker.peaks.items() if k != "idle"}
@@ -298,7 +327,8 @@ def profile_points(
         with torch.device("cuda"):
             digest = model_hash(model_factory())
     else:
-        with FakeTensorMode():
+        with FakeTensorMode(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             digest = model_hash(model_factory())
     measured = []
     for b, length in points:
