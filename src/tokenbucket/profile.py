@@ -138,7 +138,8 @@ def _adopt(model: torch.nn.Module) -> None:
         return
     mode = modes[-1]
     for module in model.modules():
-        for table in (module._parameters, module._buffers):
+        tables: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)
+        for table in tables:
             for name, tensor in list(table.items()):
                 if isinstance(tensor, FakeTensor) and tensor.fake_mode is not mode:
                     fresh = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype)
