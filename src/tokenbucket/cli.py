@@ -447,6 +447,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     for r, m in zip(biggest, meta, strict=True):
         print(f"  {r['key']}: {m['cameras']} cameras x {m['frames']} frames x {m['height']}px "
               f"-> {r['total']:,} tokens (vision {r['vision']:,})")
+    from tokenbucket.cost import CostModel
+    from tokenbucket.gpus import gpu_budget_bytes
+    from tokenbucket.model import ModelSpec
+
+    model = ModelSpec.preset("design-24L-1024")
+    cost = CostModel(model, "H100-SXM")
+    budget = gpu_budget_bytes("H100-SXM")
+    summary = result.summary()
+    print(f"\non {model.name} ({model.precision}, {model.attention} attention, training) on an H100-SXM "
+          f"(budget {_gib(budget)}):")
+    for label in ("p50", "p90", "p99", "max"):
+        length = summary[label]
+        print(f"  {label} sample, {length:>7,} tokens: {_gib(cost.memory(1, length).total):>10} alone, "
+              f"largest batch {cost.max_batch(length, budget)}")
     wd = dataclasses.replace(spec, tubelet=2)
     halved = breakdown_table(read_metadata(path), wd).summary()
     print(f"\nwith tubelet=2 the p99 drops from {result.summary()['p99']:,} to {halved['p99']:,} tokens")
