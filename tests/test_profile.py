@@ -60,6 +60,9 @@ def test_profile_measured_cost_model_fits_and_predicts_new_points() -> None:
     assert measured.fit_error < 0.02
     actual = profile_memory(ref_factory, ref_batch, 3, 1536).peak
     assert measured.memory_bytes(3, 1536) == pytest.approx(actual, rel=0.02)
+    est = measured.memory(3, 1536)
+    assert est.phase == "measured" and abs(est.total - measured.memory_bytes(3, 1536)) <= 2
+    assert est.attention_scores > 0  # eager: the fit finds the quadratic term
     # and agrees with the analytic model on the largest batch that fits
     budget = 2 * actual
     assert abs(measured.max_batch(1536, budget) - CostModel(SPEC).max_batch(1536, budget)) <= 1

@@ -379,6 +379,22 @@ class MeasuredCostModel:
     def memory_bytes(self, batch: int, length: int) -> int:
         return int(self.static + batch * (self.per_token * length + self.per_token_length * length * length))
 
+    def memory(self, batch: int, length: int) -> Any:
+        """A :class:`~tokenbucket.cost.MemoryEstimate` from the fit: the static part under
+        ``weights`` (weights, gradients and states together), the part linear in ``L`` under
+        ``activations``, the quadratic part under ``attention_scores``; phase ``measured``."""
+        from tokenbucket.cost import MemoryEstimate, _check_shape
+
+        _check_shape(batch, length)
+        items = {
+            "weights": int(self.static),
+            "activations": int(batch * self.per_token * length),
+            "attention_scores": int(batch * self.per_token_length * length * length),
+        }
+        zero = dict.fromkeys(("gradients", "optimizer", "kv_cache", "transients", "extra"), 0)
+        return MemoryEstimate(**items, **zero, total=sum(items.values()), phase="measured", batch=batch,
+                              length=length)
+
     def max_batch(self, length: int, budget_bytes: int) -> int:
         """The largest batch whose fitted peak at ``length`` fits ``budget_bytes`` (0 if none)."""
         per_sample = self.per_token * length + self.per_token_length * length * length
