@@ -195,6 +195,17 @@ def spec_from_args(args: argparse.Namespace) -> Any:
     return TokenSpec.from_dict(data)
 
 
+def _sample_arg(text: str) -> dict[str, Any]:
+    """``--sample``: one JSON object."""
+    try:
+        sample = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--sample should be a JSON object, but got {text!r} ({exc})") from None
+    if not isinstance(sample, dict):
+        raise ConfigError(f"--sample should be a JSON object, but got {text!r}")
+    return sample
+
+
 def _print_summary(summary: dict[str, Any], source: str, out: Any = None) -> None:
     out = out or sys.stdout
     print(f"{source}: {summary['count']:,} samples, {summary['rejected']:,} rejected, "
@@ -213,13 +224,7 @@ def _cmd_tokens(args: argparse.Namespace) -> int:
     if args.sample is not None:
         if args.metadata is not None:
             raise ConfigError("give either METADATA or --sample, not both")
-        try:
-            sample = json.loads(args.sample)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--sample should be a JSON object, but got {args.sample!r} ({exc})") from None
-        if not isinstance(sample, dict):
-            raise ConfigError(f"--sample should be a JSON object, but got {args.sample!r}")
-        bd = breakdown_sample(sample, spec)
+        bd = breakdown_sample(_sample_arg(args.sample), spec)
         if args.json:
             print(json.dumps(bd.to_dict()))
         else:
@@ -302,13 +307,7 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args)
     model = model_from_args(args)
-    try:
-        sample = json.loads(args.sample)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--sample should be a JSON object, but got {args.sample!r} ({exc})") from None
-    if not isinstance(sample, dict):
-        raise ConfigError(f"--sample should be a JSON object, but got {args.sample!r}")
-    led = ledger_with_whatifs(sample, spec, model, args.whatif, batch=args.batch)
+    led = ledger_with_whatifs(_sample_arg(args.sample), spec, model, args.whatif, batch=args.batch)
     if args.json:
         print(json.dumps(led))
         return 0
