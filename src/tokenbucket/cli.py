@@ -6,6 +6,9 @@
     tokenbucket ledger --sample JSON [token flags] [model flags] [--whatif frames=32 ...] [--json]
     tokenbucket profile MODULE:FACTORY [model flags] --batch B --length L [--save PROFILE.json]
     tokenbucket gpus [--json]
+    tokenbucket plan METADATA... [--config F] [--gpu NAME | --budget-gib X] [--max-buckets K]
+                     [--mode static|dynamic] [--on-oversize error|reject] --out manifest.parquet [--json]
+    tokenbucket inspect manifest.parquet [--json] [--plot hist.png]
     tokenbucket demo [--out DIR] [--samples N] [--seed S]
 
 Every :class:`~tokenbucket.spec.TokenSpec` field has a flag, so a quick question needs no
@@ -66,7 +69,7 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="metadata column mapping, e.g. key=episode_id or cameras=views (repeatable)")
 
 
-def _add_model_flags(p: argparse.ArgumentParser, *, with_config: bool = False) -> None:
+def _add_model_flags(p: argparse.ArgumentParser, *, with_config: bool = False, mode_flag: str = "--mode") -> None:
     g = p.add_argument_group("model (each overrides --config's [model] and --preset; "
                              "default preset design-24L-1024)")
     if with_config:
@@ -82,7 +85,7 @@ def _add_model_flags(p: argparse.ArgumentParser, *, with_config: bool = False) -
     g.add_argument("--attention", choices=["flash", "sdpa", "eager", "mem_efficient"])
     g.add_argument("--window", type=int, help="local attention window in tokens")
     g.add_argument("--checkpointing", choices=["none", "full"])
-    g.add_argument("--mode", choices=["train", "infer"])
+    g.add_argument(mode_flag, dest="mode", choices=["train", "infer"], help="train (default) or infer")
     g.add_argument("--optimizer", choices=["adamw", "sgd", "none"])
     g.add_argument("--extra-params", type=int, help="parameters outside the blocks (encoders, heads)")
     g.add_argument("--extra-bytes", type=int, help="fixed bytes the block model does not see")
@@ -403,6 +406,109 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_json(plan: Any) -> dict[str, Any]:
+    return {
+        "budget_bytes": plan.budget_bytes,
+        "mode": plan.mode,
+        "buckets": [
+            {"bound": b.bound, "batch_size": b.batch_size, "samples": b.samples, "batches": b.batches,
+             "predicted_peak_bytes": b.predicted_peak_bytes, "fill": b.fill,
+             "padding_efficiency": b.padding_efficiency, "step_seconds": b.step_seconds}
+            for b in plan.buckets
+        ],
+        "summary": plan.summary(),
+        "oversize": plan.oversize,
+    }
+
+
+def _print_plan(plan: Any) -> None:
+    print(f"{'bucket':>6} {'bound':>8} {'batch':>6} {'samples':>9} {'batches':>8} {'peak':>11} {'fill':>6} "
+          f"{'padding eff':>12} {'step ms':>9}")
+    for k, b in enumerate(plan.buckets):
+        print(f"{k:>6} {b.bound:>8,} {b.batch_size:>6} {b.samples:>9,} {b.batches:>8,} {_gib(b.predicted_peak_bytes):>11} "
+              f"{b.fill:>6.1%} {b.padding_efficiency:>12.1%} {b.step_seconds * 1e3:>9.1f}")
+    s = plan.summary()
+    shapes = s["shapes"] if s["shapes"] is not None else "dynamic"
+    print(f"{s['samples']:,} samples in {s['batches']:,} batches, {shapes} shapes, padding efficiency "
+          f"{s['padding_efficiency']:.1%}, mean fill {s['mean_fill']:.1%}, predicted epoch "
+          f"{s['predicted_epoch_seconds'] / 3600:,.2f} h, over budget: {s['over_budget_batches']}; "
+          f"rejected {s['rejected']:,} (budget {_gib(plan.budget_bytes)})")
+    if plan.oversize:
+        o = plan.oversize
+        print(f"oversize: {o['count']:,} samples longer than {o['longest_fitting']:,} tokens (the largest, "
+              f"{o['largest']:,} tokens, needs {_gib(o['largest_bytes'])} alone)")
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from tokenbucket.cost import CostModel
+    from tokenbucket.manifest import build_manifest
+
+    spec = spec_from_args(args)
+    model = model_from_args(args)
+    budget = _budget(args)
+    if budget is None:
+        raise ConfigError("plan needs a budget: --gpu NAME or --budget-gib X")
+    cost = CostModel(model, args.gpu)
+    meta = {"model": model.to_dict(), "gpu": args.gpu}
+    manifest = build_manifest(args.metadata, spec, cost, args.out, budget_bytes=budget, max_buckets=args.max_buckets,
+                              mode=args.plan_mode, on_oversize=args.on_oversize, on_invalid=args.on_invalid, meta=meta)
+    if args.json:
+        print(json.dumps(_plan_json(manifest.plan)))
+    else:
+        _print_plan(manifest.plan)
+        print(f"manifest: {args.out} ({len(manifest):,} rows)")
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from tokenbucket.manifest import load_manifest
+
+    manifest = load_manifest(args.manifest)
+    if args.json:
+        out = _plan_json(manifest.plan)
+        out["rows"] = len(manifest)
+        out["meta"] = manifest.meta.get("meta", {})
+        print(json.dumps(out))
+    else:
+        print(f"{args.manifest}: {len(manifest):,} rows, created {manifest.meta.get('created')}, "
+              f"hash {manifest.content_hash[:12]}")
+        _print_plan(manifest.plan)
+        totals = manifest.table.column("total").drop_null().to_numpy()
+        if len(totals):
+            print("\nL_total histogram (log2 bins):")
+            print(_histogram(totals))
+    if args.plot is not None:
+        _plot_histogram(manifest, args.plot)
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+def _plot_histogram(manifest: Any, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'tokenbucket[plot]'") from None
+    import numpy as np
+
+    totals = manifest.table.column("total").drop_null().to_numpy()
+    fig, ax = plt.subplots(figsize=(10, 4))
+    bins = np.geomspace(max(1, totals.min()), totals.max() + 1, 120)
+    ax.hist(totals, bins=bins, color="#4c72b0")
+    for b in manifest.plan.buckets:
+        ax.axvline(b.bound, color="#dd8452", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("L_total (tokens); orange lines: bucket bounds")
+    ax.set_ylabel("samples")
+    ax.set_title(f"{len(manifest):,} samples, {len(manifest.plan.buckets)} buckets")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _histogram(totals: Any, width: int = 40) -> str:
     import numpy as np
 
@@ -514,6 +620,27 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--json", action="store_true")
     _add_model_flags(prof, with_config=True)
     prof.set_defaults(func=_cmd_profile)
+
+    plan = sub.add_parser("plan", help="plan memory-safe buckets and write the manifest")
+    plan.add_argument("metadata", nargs="+", help="metadata files or directories")
+    plan.add_argument("--out", required=True, type=Path, help="the manifest .parquet to write")
+    plan.add_argument("--gpu", help="GPU target (see `tokenbucket gpus`)")
+    plan.add_argument("--budget-gib", type=float, help="memory budget instead of a GPU's")
+    plan.add_argument("--max-buckets", type=int, default=32)
+    plan.add_argument("--mode", dest="plan_mode", choices=["static", "dynamic"], default="static",
+                      help="static: at most K shapes; dynamic: batches padded to their own longest sample")
+    plan.add_argument("--on-oversize", choices=["error", "reject"], default="error")
+    plan.add_argument("--on-invalid", choices=["raise", "reject"], default="raise")
+    plan.add_argument("--json", action="store_true")
+    _add_spec_flags(plan)
+    _add_model_flags(plan, mode_flag="--model-mode")
+    plan.set_defaults(func=_cmd_plan)
+
+    inspect_ = sub.add_parser("inspect", help="the plan and length histogram of a manifest")
+    inspect_.add_argument("manifest", type=Path)
+    inspect_.add_argument("--json", action="store_true")
+    inspect_.add_argument("--plot", type=Path, help="write a PNG histogram with the bucket bounds")
+    inspect_.set_defaults(func=_cmd_inspect)
 
     demo = sub.add_parser("demo", help="the main job on a realistic multi-camera dataset")
     demo.add_argument("--out", default="tokenbucket-demo", help="directory for the demo's files")

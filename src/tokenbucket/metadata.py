@@ -16,14 +16,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pyarrow as pa
 
 from tokenbucket._exceptions import ConfigError
 
-__all__ = ["METADATA_FORMATS", "read_metadata"]
+__all__ = ["METADATA_FORMATS", "count_rows", "iter_metadata_batches", "metadata_paths", "read_metadata"]
 
 METADATA_FORMATS: dict[str, str] = {
     ".parquet": "parquet",
@@ -70,6 +70,82 @@ def _read_one(path: Path, fmt: str, columns: Sequence[str] | None) -> pa.Table:
     return table
 
 
+def metadata_paths(source: str | Path | Sequence[str | Path]) -> list[Path]:
+    """The files ``source`` names: itself, the metadata files of a directory (sorted), or a list."""
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if path.is_dir():
+            paths = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in METADATA_FORMATS)
+            if not paths:
+                raise ConfigError(f"directory {str(path)!r} holds no {sorted(METADATA_FORMATS)} files")
+            return paths
+        if not path.exists():
+            raise ConfigError(f"metadata source {str(path)!r} does not exist")
+        return [path]
+    paths = []
+    for item in source:
+        paths.extend(metadata_paths(item))
+    if not paths:
+        raise ConfigError("metadata source should name at least one file, but got an empty list")
+    return paths
+
+
+def count_rows(paths: Sequence[Path], format: str | None = None) -> int | None:
+    """Rows in the inputs when cheap to know (Parquet footers), else ``None``."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for p in paths:
+        if _format_of(p, format) != "parquet":
+            return None
+        total += pq.ParquetFile(p).metadata.num_rows
+    return total
+
+
+def iter_metadata_batches(
+    source: str | Path | Sequence[str | Path],
+    *,
+    batch_rows: int = 1_000_000,
+    format: str | None = None,
+    columns: Sequence[str] | None = None,
+) -> Iterator[pa.Table]:
+    """Tables of at most ``batch_rows`` rows, in input order, with bounded memory.
+
+    Parquet is read a record batch at a time and CSV through Arrow's streaming reader; a JSONL
+    file is read whole (split large JSONL inputs into part files).
+    """
+    for path in metadata_paths(source):
+        fmt = _format_of(path, format)
+        try:
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
+
+                pf = pq.ParquetFile(path)
+                cols = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
+                for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):
+                    yield pa.Table.from_batches([batch])
+            elif fmt == "csv":
+                import pyarrow.csv as pcsv
+
+                reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=64 << 20))
+                pending: list[pa.RecordBatch] = []
+                rows = 0
+                for batch in reader:
+                    pending.append(batch)
+                    rows += batch.num_rows
+                    if rows >= batch_rows:
+                        yield pa.Table.from_batches(pending)
+                        pending, rows = [], 0
+                if pending:
+                    yield pa.Table.from_batches(pending)
+            else:
+                table = _read_one(path, fmt, columns)
+                for start in range(0, table.num_rows, batch_rows):
+                    yield table.slice(start, batch_rows)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+            raise ConfigError(f"cannot read {str(path)!r} as {fmt}: {exc}") from None
+
+
 def read_metadata(
     source: str | Path | Sequence[str | Path],
     *,
@@ -88,22 +164,7 @@ def read_metadata(
         One table, parts concatenated in order (schemas unified; a part missing a column
         gets nulls there, which validation then reports row by row).
     """
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if path.is_dir():
-            paths = sorted(
-                p for p in path.iterdir() if p.is_file() and p.suffix.lower() in METADATA_FORMATS
-            )
-            if not paths:
-                raise ConfigError(f"directory {str(path)!r} holds no {sorted(METADATA_FORMATS)} files")
-        elif path.exists():
-            paths = [path]
-        else:
-            raise ConfigError(f"metadata source {str(path)!r} does not exist")
-    else:
-        paths = [Path(p) for p in source]
-        if not paths:
-            raise ConfigError("metadata source should name at least one file, but got an empty list")
+    paths = metadata_paths(source)
     tables = []
     for p in paths:
         fmt = _format_of(p, format)

@@ -1,0 +1,49 @@
+"""Cutting samples into batches under a memory budget (shared by the planner's simulation and
+the samplers, so what the plan predicts is what training gets)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def max_batch_table(cost: Any, lengths: np.ndarray, budget: int) -> np.ndarray:
+    """The largest batch at each length, via the planner's monotone search over the distinct ones."""
+    from tokenbucket.plan import _max_batches
+
+    values, inverse = np.unique(lengths, return_inverse=True)
+    return _max_batches(cost, values, budget)[inverse]
+
+
+def dynamic_batches(
+    lengths: np.ndarray, cost: Any, budget: int, *, pool_batches: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Indices into ``lengths`` cut into batches padded to their own longest sample.
+
+    NOTE [ Sorted pools ]
+    Samples are shuffled, taken ``pool_batches`` batches' worth at a time, sorted by length
+    within the pool and cut greedily: a batch grows while the batch at its longest member still
+    fits. Neighbours in a batch then have similar lengths (little padding), while the pool
+    boundaries keep the order random from epoch to epoch.
+    """
+    n = len(lengths)
+    if n == 0:
+        return []
+    caps = max_batch_table(cost, lengths, budget)
+    typical = max(1, int(np.median(caps)))
+    pool = max(1, pool_batches * typical)
+    order = rng.permutation(n)
+    batches: list[np.ndarray] = []
+    for start in range(0, n, pool):
+        chunk = order[start:start + pool]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        chunk_caps = caps[chunk].tolist()
+        begin = 0
+        for i in range(len(chunk)):
+            # sorted ascending: sample i is the longest so far, its cap bounds the batch
+            if i + 1 - begin > chunk_caps[i]:
+                batches.append(chunk[begin:i])
+                begin = i
+        batches.append(chunk[begin:])
+    return batches

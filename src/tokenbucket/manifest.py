@@ -1,0 +1,310 @@
+"""The manifest: one Parquet file, one row per sample, and the plan in its footer.
+
+It is the contract between offline planning and training. Columns::
+
+    key        string   the sample's key
+    index      int64    the row in the metadata inputs (in input order)
+    vision, text, proprio, action, memory, <extras>, total
+               int64    the token breakdown (null for a row rejected as invalid)
+    bucket     int32    the bucket index, or -1 when the sample is rejected
+    reason     string   why it was rejected (null otherwise)
+
+The Parquet key-value metadata holds, under ``tokenbucket``, a JSON object with the format
+version, the plan (:meth:`BucketPlan.to_dict`), the token spec, the model and GPU target, the
+row count, and a content hash (SHA-256 over the ``key``, ``total`` and ``bucket`` columns) that
+:func:`load_manifest` checks.
+
+Building reads the inputs twice, a record batch at a time (bounded memory): once for the
+length histogram (merged across batches, so the plan is the one a single pass would give), once
+to write. It writes to a temporary file and renames it, so an interrupted build leaves no
+half manifest behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.breakdown import breakdown_table
+from tokenbucket.metadata import count_rows, iter_metadata_batches, metadata_paths
+from tokenbucket.plan import BucketPlan, LengthHistogram, plan_buckets
+from tokenbucket.spec import TokenSpec
+
+__all__ = ["MANIFEST_FORMAT", "Manifest", "build_manifest", "load_manifest"]
+
+MANIFEST_FORMAT = 1
+META_KEY = b"tokenbucket"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A loaded manifest: the plan, the per-sample table, and the recorded context."""
+
+    plan: BucketPlan
+    table: pa.Table
+    meta: dict[str, Any]
+    path: Path
+
+    @property
+    def content_hash(self) -> str:
+        return str(self.meta["content_hash"])
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+
+class _Progress:
+    """A one-line progress counter on a terminal (silent otherwise)."""
+
+    def __init__(self, total: int | None, label: str, enabled: bool | None) -> None:
+        self.total, self.label = total, label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.done, self.start = 0, time.perf_counter()
+
+    def update(self, rows: int) -> None:
+        self.done += rows
+        if not self.enabled:
+            return
+        rate = self.done / max(time.perf_counter() - self.start, 1e-9)
+        of = f"/{self.total:,}" if self.total else ""
+        print(f"\r{self.label}: {self.done:,}{of} rows ({rate:,.0f} rows/s)", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr)
+
+
+class _ContentHash:
+    """SHA-256 of the logical contents of ``key``, ``total`` and ``bucket``: one stream per
+    column part, so neither the buffer layout nor the batch boundaries change the result."""
+
+    def __init__(self) -> None:
+        self.streams = [hashlib.sha256() for _ in range(4)]  # key lengths, key bytes, total, bucket
+
+    def update(self, table: pa.Table) -> None:
+        lengths, data, totals, buckets = self.streams
+        for chunk in table.column("key").fill_null("").cast(pa.large_string()).chunks:
+            offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
+            lengths.update(np.diff(offsets).tobytes())
+            data.update(memoryview(chunk.buffers()[2])[int(offsets[0]):int(offsets[-1])])
+        totals.update(table.column("total").fill_null(-1).to_numpy().astype(np.int64).tobytes())
+        buckets.update(table.column("bucket").to_numpy().astype(np.int32).tobytes())
+
+    def hexdigest(self) -> str:
+        return hashlib.sha256(b"".join(s.digest() for s in self.streams)).hexdigest()
+
+
+def build_manifest(
+    sources: str | Path | Sequence[str | Path],
+    spec: TokenSpec,
+    plan_or_cost: BucketPlan | Any,
+    out: str | Path,
+    *,
+    budget_bytes: int | None = None,
+    max_buckets: int = 32,
+    mode: str = "static",
+    on_oversize: str = "error",
+    on_invalid: str = "raise",
+    batch_rows: int = 1_000_000,
+    progress: bool | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Manifest:
+    """Count, plan and write a manifest for the metadata in ``sources``.
+
+    Args:
+        sources: metadata files / directories (see :func:`tokenbucket.metadata.metadata_paths`).
+        spec: the token spec.
+        plan_or_cost: a :class:`BucketPlan` to apply as it is, or a cost model to plan with
+            (then ``budget_bytes`` is required).
+        out: the manifest file to write (``.parquet``).
+        on_oversize: a sample longer than the last bound (or that fits not even alone):
+            ``error`` or ``reject`` (bucket -1 with the reason).
+        on_invalid: an invalid metadata row: ``raise`` or ``reject`` (bucket -1, the reason).
+        batch_rows: rows per record batch (memory is bounded by this, not by the input).
+        progress: show a progress line (default: when stderr is a terminal).
+        meta: more JSON-ready context to record (e.g. the model and GPU).
+
+    Returns:
+        The written manifest, loaded.
+    """
+    out = Path(out)
+    paths = metadata_paths(sources)
+    total_rows = count_rows(paths)
+
+    # Pass 1: lengths → histogram (mergeable), and the raw lengths for dynamic mode.
+    if isinstance(plan_or_cost, BucketPlan):
+        plan = plan_or_cost
+    else:
+        if budget_bytes is None:
+            raise ConfigError("build_manifest with a cost model needs budget_bytes (or pass a BucketPlan)")
+        hist = LengthHistogram(np.zeros(0, np.int64), np.zeros(0, np.int64))
+        raw: list[np.ndarray] = []
+        bar = _Progress(total_rows, "counting", progress)
+        for table in iter_metadata_batches(paths, batch_rows=batch_rows):
+            totals = breakdown_table(table, spec, on_invalid=on_invalid, check_keys=False).totals  # type: ignore[arg-type]
+            hist = hist.merge(LengthHistogram.from_lengths(totals))
+            if mode == "dynamic":
+                raw.append(totals)
+            bar.update(table.num_rows)
+        bar.close()
+        lengths: Any = np.concatenate(raw) if mode == "dynamic" else hist
+        plan = plan_buckets(lengths, plan_or_cost, budget_bytes, max_buckets=max_buckets, mode=mode,  # type: ignore[arg-type]
+                            on_oversize=on_oversize, meta=meta)  # type: ignore[arg-type]
+    bounds = plan.bounds
+    if not len(bounds):
+        raise ConfigError("the plan has no buckets: every sample was oversize")
+
+    # Pass 2: breakdown, assign, write.
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    writer: pq.ParquetWriter | None = None
+    hasher = _ContentHash()
+    offset = 0
+    rows = 0
+    last_key: str | None = None
+    keys_sorted = True
+    all_keys: list[pa.Array] = []
+    bar = _Progress(total_rows, "writing", progress)
+    try:
+        for table in iter_metadata_batches(paths, batch_rows=batch_rows):
+            result = breakdown_table(table, spec, on_invalid=on_invalid)  # type: ignore[arg-type]
+            good = result.table
+            idx = good.column("index").to_numpy() + offset
+            bucket = plan.assign(good.column("total").to_numpy()).astype(np.int32)
+            reason = pa.nulls(good.num_rows, pa.string())
+            over = bucket < 0
+            if over.any():
+                first = int(np.flatnonzero(over)[0])
+                if on_oversize == "error":
+                    key = good.column("key")[first].as_py()
+                    raise ConfigError(
+                        f"row {int(idx[first])} (key {key!r}) has {int(good.column('total')[first].as_py()):,} tokens, "
+                        f"above the plan's last bound {int(bounds[-1]):,}; pass on_oversize='reject' or replan"
+                    )
+                reason = pa.array(np.where(over, f"oversize: longer than the last bound {int(bounds[-1])}", None),
+                                  pa.string())
+            part = good.set_column(good.schema.get_field_index("index"), "index", pa.array(idx))
+            part = part.append_column("bucket", pa.array(bucket)).append_column("reason", reason)
+            if result.rejected.num_rows:
+                part = _with_rejected(part, result.rejected, offset)
+            keys = part.column("key")
+            if keys_sorted:
+                first_key = keys[0].as_py() if len(keys) else None
+                if last_key is not None and first_key is not None and not first_key > last_key:
+                    keys_sorted = False
+                if len(keys) > 1 and not pc.all(pc.greater(keys.slice(1), keys.slice(0, len(keys) - 1))).as_py():
+                    keys_sorted = False
+                last_key = keys[-1].as_py() if len(keys) else last_key
+            all_keys.append(keys.combine_chunks())
+            if writer is None:
+                schema = part.schema
+                writer = pq.ParquetWriter(tmp, schema)
+            writer.write_table(part if part.schema == schema else part.cast(schema))
+            hasher.update(part)
+            offset += table.num_rows
+            rows += part.num_rows
+            bar.update(table.num_rows)
+        bar.close()
+        if writer is None:
+            raise ConfigError("the metadata inputs hold no rows")
+        if not keys_sorted:
+            # NOTE [ Duplicate keys across batches ]
+            # Unsorted keys need one pass over all of them (a hash); sorted ones were proven
+            # unique batch by batch above with O(1) state.
+            _check_unique_keys(pa.concat_arrays(all_keys))
+        del all_keys
+        info = {
+            "format": MANIFEST_FORMAT,
+            "rows": rows,
+            "content_hash": hasher.hexdigest(),
+            "plan": plan.to_dict(),
+            "token_spec": spec.to_dict(),
+            "meta": dict(meta or {}),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        writer.add_key_value_metadata({META_KEY.decode(): json.dumps(info)})
+        writer.close()
+        writer = None
+        os.replace(tmp, out)
+    finally:
+        if writer is not None:
+            writer.close()
+        if tmp.exists():
+            tmp.unlink()
+    return load_manifest(out)
+
+
+def _with_rejected(part: pa.Table, rejected: pa.Table, offset: int) -> pa.Table:
+    """Append invalid rows (bucket -1, breakdown null, the reason) and restore input order."""
+    n = rejected.num_rows
+    cols: dict[str, pa.Array] = {}
+    for name in part.column_names:
+        typ = part.schema.field(name).type
+        if name == "key":
+            cols[name] = rejected.column("key").cast(typ)
+        elif name == "index":
+            cols[name] = pa.array(rejected.column("index").to_numpy() + offset)
+        elif name == "bucket":
+            cols[name] = pa.array(np.full(n, -1, np.int32))
+        elif name == "reason":
+            cols[name] = pa.array([f"invalid: {m}" for m in rejected.column("message").to_pylist()], pa.string())
+        else:
+            cols[name] = pa.nulls(n, typ)
+    merged = pa.concat_tables([part, pa.table(cols, schema=part.schema)])
+    return merged.sort_by("index")
+
+
+def _check_unique_keys(keys: pa.Array) -> None:
+    encoded = pc.dictionary_encode(keys)
+    if len(encoded.dictionary) == len(keys):
+        return
+    codes = encoded.indices.to_numpy()
+    _, first = np.unique(codes, return_index=True)
+    dup = np.ones(len(codes), dtype=bool)
+    dup[first] = False
+    row = int(np.flatnonzero(dup)[0])
+    raise ConfigError(f"row {row}: key {keys[row].as_py()!r} is used by an earlier row; keys must be unique")
+
+
+def load_manifest(path: str | Path, *, verify: bool = True) -> Manifest:
+    """Read a manifest, checking its format version and (with ``verify``) its content hash.
+
+    Raises:
+        ConfigError: not a Parquet file, not a tokenbucket manifest, another format version,
+            or contents that do not match the recorded hash (truncated or edited).
+    """
+    path = Path(path)
+    try:
+        pf = pq.ParquetFile(path)
+        kv = pf.metadata.metadata or {}  # the file footer's key-value metadata
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise ConfigError(f"{str(path)!r} is not a readable Parquet file: {exc}") from None
+    if META_KEY not in kv:
+        raise ConfigError(f"{str(path)!r} is a Parquet file but not a tokenbucket manifest (no '{META_KEY.decode()}' metadata)")
+    info = json.loads(kv[META_KEY])
+    if info.get("format") != MANIFEST_FORMAT:
+        raise ConfigError(f"{str(path)!r} has manifest format {info.get('format')!r}; this tokenbucket reads {MANIFEST_FORMAT}")
+    try:
+        table = pf.read()
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise ConfigError(f"{str(path)!r} cannot be read (truncated?): {exc}") from None
+    if table.num_rows != info["rows"]:
+        raise ConfigError(f"{str(path)!r} has {table.num_rows} rows but its metadata says {info['rows']}")
+    if verify:
+        h = _ContentHash()
+        h.update(table)
+        if h.hexdigest() != info["content_hash"]:
+            raise ConfigError(f"{str(path)!r} does not match its content hash: it was changed after it was written")
+    return Manifest(BucketPlan.from_dict(info["plan"]), table, info, path)
