@@ -157,3 +157,25 @@ def test_cli_profile_user_model_side_by_side(capsys: pytest.CaptureFixture[str],
     assert code == 0 and "measured" in out and "analytic" in out
     code, _, err = run(capsys, "profile", "no_such_module:build")
     assert code == 1 and "cannot import" in err
+
+
+def test_cli_plan_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "m.parquet"
+    pq.write_table(mixture_a(5000, seed=2), src)
+    out = tmp_path / "manifest.parquet"
+    code, text, _ = run(capsys, "plan", str(src), "--gpu", "H100-SXM", "--on-oversize", "reject", "--out", str(out),
+                        "--json")
+    data = json.loads(text)
+    assert code == 0 and out.exists()
+    assert set(data["summary"]) >= {"samples", "rejected", "batches", "shapes", "padding_efficiency", "mean_fill",
+                                    "predicted_epoch_seconds", "over_budget_batches"}
+    assert data["summary"]["over_budget_batches"] == 0
+    for b in data["buckets"]:
+        assert set(b) >= {"bound", "batch_size", "samples", "batches", "predicted_peak_bytes", "fill",
+                          "padding_efficiency"}
+    code, text, _ = run(capsys, "inspect", str(out), "--plot", str(tmp_path / "h.png"))
+    assert code == 0 and "padding efficiency" in text and (tmp_path / "h.png").stat().st_size > 1000
+    code, _, err = run(capsys, "plan", str(src), "--gpu", "H100-SXM", "--out", str(tmp_path / "x.parquet"))
+    assert code == 1 and "do not fit the budget even alone" in err
+    code, _, err = run(capsys, "plan", str(src), "--out", str(tmp_path / "x.parquet"))
+    assert code == 1 and "needs a budget" in err

@@ -496,7 +496,7 @@ def _plot_histogram(manifest: Any, path: Path) -> None:
 
     totals = manifest.table.column("total").drop_null().to_numpy()
     fig, ax = plt.subplots(figsize=(10, 4))
-    bins = np.geomspace(max(1, totals.min()), totals.max() + 1, 120)
+    bins = np.geomspace(max(1, totals.min()), totals.max() + 1, 120).tolist()
     ax.hist(totals, bins=bins, color="#4c72b0")
     for b in manifest.plan.buckets:
         ax.axvline(b.bound, color="#dd8452", lw=0.8)

@@ -193,8 +193,8 @@ def build_manifest(
                         f"row {int(idx[first])} (key {key!r}) has {int(good.column('total')[first].as_py()):,} tokens, "
                         f"above the plan's last bound {int(bounds[-1]):,}; pass on_oversize='reject' or replan"
                     )
-                reason = pa.array(np.where(over, f"oversize: longer than the last bound {int(bounds[-1])}", None),
-                                  pa.string())
+                text = f"oversize: longer than the last bound {int(bounds[-1])}"
+                reason = pa.array([text if o else None for o in over.tolist()], pa.string())
             part = good.set_column(good.schema.get_field_index("index"), "index", pa.array(idx))
             part = part.append_column("bucket", pa.array(bucket)).append_column("reason", reason)
             if result.rejected.num_rows:

@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -476,7 +477,7 @@ def check_plan(plan_or_bounds: BucketPlan | Sequence[int], batch_sizes: Sequence
         sizes = [int(b) for b in (batch_sizes or [])]
     if len(bounds) != len(sizes) or not bounds:
         raise ConfigError(f"a plan needs one batch size per bound, but got {len(bounds)} bounds and {len(sizes)} sizes")
-    if any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:], strict=False)):
+    if any(b2 <= b1 for b1, b2 in itertools.pairwise(bounds)):
         raise ConfigError(f"bounds should be strictly increasing, but got {bounds}")
     for k, (u, b) in enumerate(zip(bounds, sizes, strict=True)):
         if b < 1 or u < 1:
