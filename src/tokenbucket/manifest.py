@@ -28,7 +28,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,11 +96,15 @@ class _ContentHash:
 
     def update(self, table: pa.Table) -> None:
         lengths, data, totals, buckets = self.streams
-        for chunk in table.column("key").fill_null("").cast(pa.large_string()).chunks:
+        keys = table.column("key")
+        if keys.null_count:
+            keys = keys.fill_null("")
+        for chunk in keys.cast(pa.large_string()).chunks:
             offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
             lengths.update(np.diff(offsets).tobytes())
             data.update(memoryview(chunk.buffers()[2])[int(offsets[0]):int(offsets[-1])])
-        totals.update(table.column("total").fill_null(-1).to_numpy().astype(np.int64).tobytes())
+        total = table.column("total")
+        totals.update((total.fill_null(-1) if total.null_count else total).to_numpy().astype(np.int64).tobytes())
         buckets.update(table.column("bucket").to_numpy().astype(np.int32).tobytes())
 
     def hexdigest(self) -> str:
@@ -153,8 +157,13 @@ def build_manifest(
         hist = LengthHistogram(np.zeros(0, np.int64), np.zeros(0, np.int64))
         raw: list[np.ndarray] = []
         bar = _Progress(total_rows, "counting", progress)
-        for table in iter_metadata_batches(paths, batch_rows=batch_rows):
-            totals = breakdown_table(table, spec, on_invalid=on_invalid, check_keys=False).totals  # type: ignore[arg-type]
+        # Pass 1 needs no keys: invalid rows are left out of the histogram here and reported
+        # (or rejected) with their keys in pass 2.
+        counting = replace(spec, columns=replace(spec.columns, key=None))
+        needed = [spec.columns.cameras, spec.columns.frames, spec.columns.height, spec.columns.width]
+        needed += [r.column for r in spec.rules().values() if r.column is not None]
+        for table in iter_metadata_batches(paths, batch_rows=batch_rows, columns=needed):
+            totals = breakdown_table(table, counting, on_invalid="reject").totals
             hist = hist.merge(LengthHistogram.from_lengths(totals))
             if mode == "dynamic":
                 raw.append(totals)
@@ -193,8 +202,8 @@ def build_manifest(
                         f"row {int(idx[first])} (key {key!r}) has {int(good.column('total')[first].as_py()):,} tokens, "
                         f"above the plan's last bound {int(bounds[-1]):,}; pass on_oversize='reject' or replan"
                     )
-                text = f"oversize: longer than the last bound {int(bounds[-1])}"
-                reason = pa.array([text if o else None for o in over.tolist()], pa.string())
+                text = pa.scalar(f"oversize: longer than the last bound {int(bounds[-1])}")
+                reason = pc.if_else(pa.array(over), text, pa.scalar(None, pa.string()))
             part = good.set_column(good.schema.get_field_index("index"), "index", pa.array(idx))
             part = part.append_column("bucket", pa.array(bucket)).append_column("reason", reason)
             if result.rejected.num_rows:
@@ -210,7 +219,8 @@ def build_manifest(
             all_keys.append(keys.combine_chunks())
             if writer is None:
                 schema = part.schema
-                writer = pq.ParquetWriter(tmp, schema)
+                # keys are unique: a dictionary would only cost time
+                writer = pq.ParquetWriter(tmp, schema, use_dictionary=["bucket", "reason"])
             writer.write_table(part if part.schema == schema else part.cast(schema))
             hasher.update(part)
             offset += table.num_rows
@@ -243,7 +253,7 @@ def build_manifest(
             writer.close()
         if tmp.exists():
             tmp.unlink()
-    return load_manifest(out)
+    return load_manifest(out, verify=False)  # just hashed what was written
 
 
 def _with_rejected(part: pa.Table, rejected: pa.Table, offset: int) -> pa.Table:
