@@ -568,7 +568,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
               f"largest batch {cost.max_batch(length, budget)}")
     wd = dataclasses.replace(spec, tubelet=2)
     halved = breakdown_table(read_metadata(path), wd).summary()
-    print(f"\nwith tubelet=2 the p99 drops from {result.summary()['p99']:,} to {halved['p99']:,} tokens")
+    print(f"(with tubelet=2 the p99 would drop from {summary['p99']:,} to {halved['p99']:,} tokens)")
+
+    from tokenbucket.manifest import build_manifest
+
+    manifest_path = out_dir / "manifest.parquet"
+    print(f"\n4. planning at most 32 static shapes under the H100 budget; samples that fit not even alone "
+          f"are rejected with their reason -> {manifest_path}")
+    start = time.perf_counter()
+    manifest = build_manifest(path, spec, cost, manifest_path, budget_bytes=budget, on_oversize="reject",
+                              meta={"model": model.to_dict(), "gpu": "H100-SXM"}, progress=False)
+    print(f"   planned and written in {time.perf_counter() - start:.2f} s\n")
+    _print_plan(manifest.plan)
     return 0
 
 
