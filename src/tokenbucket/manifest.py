@@ -28,7 +28,8 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,21 +50,26 @@ MANIFEST_FORMAT = 1
 META_KEY = b"tokenbucket"
 
 
-@dataclass(frozen=True)
 class Manifest:
-    """A loaded manifest: the plan, the per-sample table, and the recorded context."""
+    """A manifest: the plan and recorded context at once, the per-sample table on first use."""
 
-    plan: BucketPlan
-    table: pa.Table
-    meta: dict[str, Any]
-    path: Path
+    def __init__(self, plan: BucketPlan, meta: dict[str, Any], path: Path) -> None:
+        self.plan, self.meta, self.path = plan, meta, path
+        self._table: pa.Table | None = None
+
+    @property
+    def table(self) -> pa.Table:
+        """The per-sample columns (read from the file the first time)."""
+        if self._table is None:
+            self._table = pq.read_table(self.path)
+        return self._table
 
     @property
     def content_hash(self) -> str:
         return str(self.meta["content_hash"])
 
     def __len__(self) -> int:
-        return int(self.table.num_rows)
+        return int(self.meta["rows"])
 
 
 class _Progress:
@@ -184,55 +190,53 @@ def build_manifest(
     rows = 0
     last_key: str | None = None
     keys_sorted = True
-    all_keys: list[pa.Array] = []
+    all_keys: list[pa.Array] = []  # NOTE [ Duplicate keys across batches ]
     bar = _Progress(total_rows, "writing", progress)
+    # NOTE [ Overlapped writes ]
+    # Parquet encoding and hashing release the GIL, so one writer thread encodes batch i while
+    # the main thread counts batch i + 1; at most two batches are in memory at once.
+    pool = ThreadPoolExecutor(max_workers=1)
+    pending: Future[None] | None = None
+
+    def write(part: pa.Table) -> None:
+        assert writer is not None
+        writer.write_table(part)
+        hasher.update(part)
+
     try:
         for table in iter_metadata_batches(paths, batch_rows=batch_rows):
-            result = breakdown_table(table, spec, on_invalid=on_invalid)  # type: ignore[arg-type]
-            good = result.table
-            idx = good.column("index").to_numpy() + offset
-            bucket = plan.assign(good.column("total").to_numpy()).astype(np.int32)
-            reason = pa.nulls(good.num_rows, pa.string())
-            over = bucket < 0
-            if over.any():
-                first = int(np.flatnonzero(over)[0])
-                if on_oversize == "error":
-                    key = good.column("key")[first].as_py()
-                    raise ConfigError(
-                        f"row {int(idx[first])} (key {key!r}) has {int(good.column('total')[first].as_py()):,} tokens, "
-                        f"above the plan's last bound {int(bounds[-1]):,}; pass on_oversize='reject' or replan"
-                    )
-                text = pa.scalar(f"oversize: longer than the last bound {int(bounds[-1])}")
-                reason = pc.if_else(pa.array(over), text, pa.scalar(None, pa.string()))
-            part = good.set_column(good.schema.get_field_index("index"), "index", pa.array(idx))
-            part = part.append_column("bucket", pa.array(bucket)).append_column("reason", reason)
-            if result.rejected.num_rows:
-                part = _with_rejected(part, result.rejected, offset)
+            part = _manifest_part(table, spec, plan, offset, on_invalid, on_oversize)
             keys = part.column("key")
-            if keys_sorted:
-                first_key = keys[0].as_py() if len(keys) else None
-                if last_key is not None and first_key is not None and not first_key > last_key:
+            if keys_sorted and len(keys):
+                first_key = keys[0].as_py()
+                if last_key is not None and (first_key is None or not first_key > last_key):
                     keys_sorted = False
-                if len(keys) > 1 and not pc.all(pc.greater(keys.slice(1), keys.slice(0, len(keys) - 1))).as_py():
+                elif len(keys) > 1 and not pc.all(pc.greater(keys.slice(1), keys.slice(0, len(keys) - 1))).as_py():
                     keys_sorted = False
-                last_key = keys[-1].as_py() if len(keys) else last_key
+                last_key = keys[-1].as_py()
             all_keys.append(keys.combine_chunks())
             if writer is None:
                 schema = part.schema
                 # keys are unique: a dictionary would only cost time
                 writer = pq.ParquetWriter(tmp, schema, use_dictionary=["bucket", "reason"])
-            writer.write_table(part if part.schema == schema else part.cast(schema))
-            hasher.update(part)
+            if part.schema != schema:
+                part = part.cast(schema)
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(write, part)
             offset += table.num_rows
             rows += part.num_rows
             bar.update(table.num_rows)
+        if pending is not None:
+            pending.result()
         bar.close()
         if writer is None:
             raise ConfigError("the metadata inputs hold no rows")
         if not keys_sorted:
             # NOTE [ Duplicate keys across batches ]
-            # Unsorted keys need one pass over all of them (a hash); sorted ones were proven
-            # unique batch by batch above with O(1) state.
+            # Keys sorted across the whole input are proven unique batch by batch; otherwise one
+            # hash over all of them. That needs the key column in memory (about 20 bytes a row),
+            # the one part of the build that grows with the input.
             _check_unique_keys(pa.concat_arrays(all_keys))
         del all_keys
         info = {
@@ -249,11 +253,40 @@ def build_manifest(
         writer = None
         os.replace(tmp, out)
     finally:
+        pool.shutdown(wait=True)
         if writer is not None:
             writer.close()
         if tmp.exists():
             tmp.unlink()
     return load_manifest(out, verify=False)  # just hashed what was written
+
+
+def _manifest_part(
+    table: pa.Table, spec: TokenSpec, plan: BucketPlan, offset: int, on_invalid: str, on_oversize: str
+) -> pa.Table:
+    """One input batch as manifest rows: breakdown, global index, bucket, reason."""
+    bounds = plan.bounds
+    result = breakdown_table(table, spec, on_invalid=on_invalid)  # type: ignore[arg-type]
+    good = result.table
+    idx = good.column("index").to_numpy() + offset
+    bucket = plan.assign(good.column("total").to_numpy()).astype(np.int32)
+    reason = pa.nulls(good.num_rows, pa.string())
+    over = bucket < 0
+    if over.any():
+        first = int(np.flatnonzero(over)[0])
+        if on_oversize == "error":
+            key = good.column("key")[first].as_py()
+            raise ConfigError(
+                f"row {int(idx[first])} (key {key!r}) has {int(good.column('total')[first].as_py()):,} tokens, "
+                f"above the plan's last bound {int(bounds[-1]):,}; pass on_oversize='reject' or replan"
+            )
+        text = pa.scalar(f"oversize: longer than the last bound {int(bounds[-1])}")
+        reason = pc.if_else(pa.array(over), text, pa.scalar(None, pa.string()))
+    part = good.set_column(good.schema.get_field_index("index"), "index", pa.array(idx))
+    part = part.append_column("bucket", pa.array(bucket)).append_column("reason", reason)
+    if result.rejected.num_rows:
+        part = _with_rejected(part, result.rejected, offset)
+    return part
 
 
 def _with_rejected(part: pa.Table, rejected: pa.Table, offset: int) -> pa.Table:
@@ -306,15 +339,15 @@ def load_manifest(path: str | Path, *, verify: bool = True) -> Manifest:
     info = json.loads(kv[META_KEY])
     if info.get("format") != MANIFEST_FORMAT:
         raise ConfigError(f"{str(path)!r} has manifest format {info.get('format')!r}; this tokenbucket reads {MANIFEST_FORMAT}")
-    try:
-        table = pf.read()
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise ConfigError(f"{str(path)!r} cannot be read (truncated?): {exc}") from None
-    if table.num_rows != info["rows"]:
-        raise ConfigError(f"{str(path)!r} has {table.num_rows} rows but its metadata says {info['rows']}")
+    if pf.metadata.num_rows != info["rows"]:
+        raise ConfigError(f"{str(path)!r} has {pf.metadata.num_rows} rows but its metadata says {info['rows']}")
     if verify:
         h = _ContentHash()
-        h.update(table)
+        try:
+            for batch in pf.iter_batches(batch_size=1_000_000, columns=["key", "total", "bucket"]):
+                h.update(pa.Table.from_batches([batch]))
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise ConfigError(f"{str(path)!r} cannot be read (truncated?): {exc}") from None
         if h.hexdigest() != info["content_hash"]:
             raise ConfigError(f"{str(path)!r} does not match its content hash: it was changed after it was written")
-    return Manifest(BucketPlan.from_dict(info["plan"]), table, info, path)
+    return Manifest(BucketPlan.from_dict(info["plan"]), info, path)
