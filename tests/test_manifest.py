@@ -123,3 +123,35 @@ def test_manifest_load_refuses_foreign_truncated_and_edited_files(metadata: Path
         w.add_key_value_metadata({b"tokenbucket".decode(): kv[b"tokenbucket"].decode()})
     with pytest.raises(ConfigError, match="content hash"):
         load_manifest(path)
+
+
+def _part_histogram(args: tuple[str, dict[str, object]]) -> dict[str, list[int]]:
+    from tokenbucket.manifest import length_histogram
+
+    path, spec = args
+    return length_histogram(path, TokenSpec.from_dict(spec)).to_dict()
+
+
+def test_manifest_parts_counted_in_parallel_processes_plan_like_one_pass(tmp_path: Path) -> None:
+    import multiprocessing as mp
+
+    from tokenbucket.plan import LengthHistogram
+
+    table = mixture_a(12_000, seed=6)
+    parts = []
+    src = tmp_path / "parts"
+    src.mkdir()
+    for i, start in enumerate(range(0, 12_000, 4_000)):
+        path = src / f"part-{i}.parquet"
+        pq.write_table(table.slice(start, 4_000), path)
+        parts.append(str(path))
+    with mp.get_context("spawn").Pool(2) as pool:
+        dicts = pool.map(_part_histogram, [(p, SPEC.to_dict()) for p in parts])
+    merged = LengthHistogram.from_dict(dicts[0])
+    for d in dicts[1:]:
+        merged = merged.merge(LengthHistogram.from_dict(d))
+    plan = plan_buckets(merged, COST, BUDGET, on_oversize="reject")
+    one_pass = build_manifest(src, SPEC, COST, tmp_path / "m.parquet", budget_bytes=BUDGET, on_oversize="reject")
+    assert one_pass.plan == plan
+    m = build_manifest(src, SPEC, plan, tmp_path / "n.parquet", on_oversize="reject")
+    assert m.content_hash == one_pass.content_hash

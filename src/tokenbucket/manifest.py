@@ -44,7 +44,7 @@ from tokenbucket.metadata import count_rows, iter_metadata_batches, metadata_pat
 from tokenbucket.plan import BucketPlan, LengthHistogram, plan_buckets
 from tokenbucket.spec import TokenSpec
 
-__all__ = ["MANIFEST_FORMAT", "Manifest", "build_manifest", "load_manifest"]
+__all__ = ["MANIFEST_FORMAT", "Manifest", "build_manifest", "length_histogram", "load_manifest"]
 
 MANIFEST_FORMAT = 1
 META_KEY = b"tokenbucket"
@@ -117,6 +117,43 @@ class _ContentHash:
         return hashlib.sha256(b"".join(s.digest() for s in self.streams)).hexdigest()
 
 
+def length_histogram(
+    sources: str | Path | Sequence[str | Path], spec: TokenSpec, *, batch_rows: int = 1_000_000
+) -> LengthHistogram:
+    """The exact ``L_total`` histogram of some metadata, a record batch at a time.
+
+    Histograms of parts merge exactly (:meth:`LengthHistogram.merge`), so a large input can be
+    counted part by part — in parallel processes, on other machines — and planned once with
+    :func:`~tokenbucket.plan.plan_buckets`; the plan equals a single pass's. Invalid rows are
+    left out (they are rejected or raised, with their keys, when the manifest is written).
+    """
+    paths = metadata_paths(sources)
+    hist, _ = _count(paths, spec, batch_rows, keep_lengths=False, progress=False, total_rows=None)
+    return hist
+
+
+def _count(
+    paths: list[Path], spec: TokenSpec, batch_rows: int, *, keep_lengths: bool, progress: bool | None,
+    total_rows: int | None,
+) -> tuple[LengthHistogram, np.ndarray]:
+    hist = LengthHistogram(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    raw: list[np.ndarray] = []
+    bar = _Progress(total_rows, "counting", progress)
+    # No keys needed here: invalid rows are left out of the histogram and reported (or
+    # rejected) with their keys when the manifest is written.
+    counting = replace(spec, columns=replace(spec.columns, key=None))
+    needed = [spec.columns.cameras, spec.columns.frames, spec.columns.height, spec.columns.width]
+    needed += [r.column for r in spec.rules().values() if r.column is not None]
+    for table in iter_metadata_batches(paths, batch_rows=batch_rows, columns=needed):
+        totals = breakdown_table(table, counting, on_invalid="reject").totals
+        hist = hist.merge(LengthHistogram.from_lengths(totals))
+        if keep_lengths:
+            raw.append(totals)
+        bar.update(table.num_rows)
+    bar.close()
+    return hist, (np.concatenate(raw) if raw else np.zeros(0, np.int64))
+
+
 def build_manifest(
     sources: str | Path | Sequence[str | Path],
     spec: TokenSpec,
@@ -160,22 +197,9 @@ def build_manifest(
     else:
         if budget_bytes is None:
             raise ConfigError("build_manifest with a cost model needs budget_bytes (or pass a BucketPlan)")
-        hist = LengthHistogram(np.zeros(0, np.int64), np.zeros(0, np.int64))
-        raw: list[np.ndarray] = []
-        bar = _Progress(total_rows, "counting", progress)
-        # Pass 1 needs no keys: invalid rows are left out of the histogram here and reported
-        # (or rejected) with their keys in pass 2.
-        counting = replace(spec, columns=replace(spec.columns, key=None))
-        needed = [spec.columns.cameras, spec.columns.frames, spec.columns.height, spec.columns.width]
-        needed += [r.column for r in spec.rules().values() if r.column is not None]
-        for table in iter_metadata_batches(paths, batch_rows=batch_rows, columns=needed):
-            totals = breakdown_table(table, counting, on_invalid="reject").totals
-            hist = hist.merge(LengthHistogram.from_lengths(totals))
-            if mode == "dynamic":
-                raw.append(totals)
-            bar.update(table.num_rows)
-        bar.close()
-        lengths: Any = np.concatenate(raw) if mode == "dynamic" else hist
+        hist, raw = _count(paths, spec, batch_rows, keep_lengths=mode == "dynamic", progress=progress,
+                           total_rows=total_rows)
+        lengths: Any = raw if mode == "dynamic" else hist
         plan = plan_buckets(lengths, plan_or_cost, budget_bytes, max_buckets=max_buckets, mode=mode,  # type: ignore[arg-type]
                             on_oversize=on_oversize, meta=meta)  # type: ignore[arg-type]
     bounds = plan.bounds
