@@ -155,3 +155,22 @@ def test_manifest_parts_counted_in_parallel_processes_plan_like_one_pass(tmp_pat
     assert one_pass.plan == plan
     m = build_manifest(src, SPEC, plan, tmp_path / "n.parquet", on_oversize="reject")
     assert m.content_hash == one_pass.content_hash
+
+
+def test_manifest_directory_of_parts_round_trip(metadata: Path, tmp_path: Path) -> None:
+    single = build_manifest(metadata, SPEC, COST, tmp_path / "one.parquet", budget_bytes=BUDGET, on_oversize="reject")
+    out = tmp_path / "manifest_dir"
+    m = build_manifest(metadata, SPEC, COST, out, budget_bytes=BUDGET, on_oversize="reject", batch_rows=3_000,
+                       part_rows=6_000)
+    files = sorted(out.glob("part-*.parquet"))
+    assert len(files) == 4 and len(m) == 20_000  # parts start at batch boundaries and m.plan == single.plan
+    again = load_manifest(out)
+    assert again.table.column("key").to_pylist() == single.table.column("key").to_pylist()
+    assert again.table.column("bucket").to_pylist() == single.table.column("bucket").to_pylist()
+    # rebuilding over an existing directory replaces it whole
+    build_manifest(metadata, SPEC, COST, out, budget_bytes=BUDGET, on_oversize="reject", batch_rows=5_000,
+                   part_rows=10_000)
+    assert len(sorted(out.glob("part-*.parquet"))) == 2
+    (out / "part-00001.parquet").unlink()
+    with pytest.raises(ConfigError, match="should hold 2 parts"):
+        load_manifest(out)

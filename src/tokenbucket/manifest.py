@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -53,15 +54,15 @@ META_KEY = b"tokenbucket"
 class Manifest:
     """A manifest: the plan and recorded context at once, the per-sample table on first use."""
 
-    def __init__(self, plan: BucketPlan, meta: dict[str, Any], path: Path) -> None:
-        self.plan, self.meta, self.path = plan, meta, path
+    def __init__(self, plan: BucketPlan, meta: dict[str, Any], path: Path, files: list[Path]) -> None:
+        self.plan, self.meta, self.path, self.files = plan, meta, path, files
         self._table: pa.Table | None = None
 
     @property
     def table(self) -> pa.Table:
-        """The per-sample columns (read from the file the first time)."""
+        """The per-sample columns, parts in order (read from disk the first time)."""
         if self._table is None:
-            self._table = pq.read_table(self.path)
+            self._table = pa.concat_tables([pq.read_table(f) for f in self.files])
         return self._table
 
     @property
@@ -166,6 +167,7 @@ def build_manifest(
     on_oversize: str = "error",
     on_invalid: str = "raise",
     batch_rows: int = 1_000_000,
+    part_rows: int | None = None,
     progress: bool | None = None,
     meta: dict[str, Any] | None = None,
 ) -> Manifest:
@@ -176,11 +178,13 @@ def build_manifest(
         spec: the token spec.
         plan_or_cost: a :class:`BucketPlan` to apply as it is, or a cost model to plan with
             (then ``budget_bytes`` is required).
-        out: the manifest file to write (``.parquet``).
+        out: the manifest to write: a ``.parquet`` file, or a directory of part files (any
+            other name, or whenever ``part_rows`` is given).
         on_oversize: a sample longer than the last bound (or that fits not even alone):
             ``error`` or ``reject`` (bucket -1 with the reason).
         on_invalid: an invalid metadata row: ``raise`` or ``reject`` (bucket -1, the reason).
         batch_rows: rows per record batch (memory is bounded by this, not by the input).
+        part_rows: with a directory, start a new part file after about this many rows.
         progress: show a progress line (default: when stderr is a terminal).
         meta: more JSON-ready context to record (e.g. the model and GPU).
 
@@ -207,26 +211,16 @@ def build_manifest(
         raise ConfigError("the plan has no buckets: every sample was oversize")
 
     # Pass 2: breakdown, assign, write.
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    writer: pq.ParquetWriter | None = None
-    hasher = _ContentHash()
-    offset = 0
-    rows = 0
+    as_parts = part_rows is not None or out.suffix.lower() != ".parquet"
+    target = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    if as_parts:
+        target.mkdir()
+    sink = _PartSink(target, as_parts, part_rows)
     last_key: str | None = None
     keys_sorted = True
     all_keys: list[pa.Array] = []  # NOTE [ Duplicate keys across batches ]
     bar = _Progress(total_rows, "writing", progress)
-    # NOTE [ Overlapped writes ]
-    # Parquet encoding and hashing release the GIL, so one writer thread encodes batch i while
-    # the main thread counts batch i + 1; at most two batches are in memory at once.
-    pool = ThreadPoolExecutor(max_workers=1)
-    pending: Future[None] | None = None
-
-    def write(part: pa.Table) -> None:
-        assert writer is not None
-        writer.write_table(part)
-        hasher.update(part)
-
+    offset = 0
     try:
         for table in iter_metadata_batches(paths, batch_rows=batch_rows):
             part = _manifest_part(table, spec, plan, offset, on_invalid, on_oversize)
@@ -239,22 +233,11 @@ def build_manifest(
                     keys_sorted = False
                 last_key = keys[-1].as_py()
             all_keys.append(keys.combine_chunks())
-            if writer is None:
-                schema = part.schema
-                # keys are unique: a dictionary would only cost time
-                writer = pq.ParquetWriter(tmp, schema, use_dictionary=["bucket", "reason"])
-            if part.schema != schema:
-                part = part.cast(schema)
-            if pending is not None:
-                pending.result()
-            pending = pool.submit(write, part)
+            sink.write(part)
             offset += table.num_rows
-            rows += part.num_rows
             bar.update(table.num_rows)
-        if pending is not None:
-            pending.result()
         bar.close()
-        if writer is None:
+        if not sink.rows:
             raise ConfigError("the metadata inputs hold no rows")
         if not keys_sorted:
             # NOTE [ Duplicate keys across batches ]
@@ -265,24 +248,109 @@ def build_manifest(
         del all_keys
         info = {
             "format": MANIFEST_FORMAT,
-            "rows": rows,
-            "content_hash": hasher.hexdigest(),
             "plan": plan.to_dict(),
             "token_spec": spec.to_dict(),
             "meta": dict(meta or {}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        writer.add_key_value_metadata({META_KEY.decode(): json.dumps(info)})
-        writer.close()
-        writer = None
-        os.replace(tmp, out)
+        sink.close(info)
+        _replace(target, out)
     finally:
-        pool.shutdown(wait=True)
-        if writer is not None:
-            writer.close()
-        if tmp.exists():
-            tmp.unlink()
+        sink.abort()
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        elif target.exists():
+            target.unlink()
     return load_manifest(out, verify=False)  # just hashed what was written
+
+
+class _PartSink:
+    """Writes manifest rows to one file, or to ``part-NNNNN.parquet`` files of ``part_rows``.
+
+    NOTE [ Overlapped writes ]
+    Parquet encoding and hashing release the GIL, so a writer thread encodes batch i while the
+    main thread counts batch i + 1; at most two batches are in memory at once.
+    """
+
+    def __init__(self, target: Path, as_parts: bool, part_rows: int | None) -> None:
+        self.target, self.as_parts = target, as_parts
+        self.part_rows = part_rows or (1 << 62)
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.pending: Future[None] | None = None
+        self.writer: pq.ParquetWriter | None = None
+        self.schema: pa.Schema | None = None
+        self.hasher = _ContentHash()
+        self.part_rows_written = 0
+        self.parts: list[tuple[pq.ParquetWriter, _ContentHash, int]] = []  # closed at the end
+        self.rows = 0
+
+    def _path(self) -> Path:
+        return self.target / f"part-{len(self.parts):05d}.parquet" if self.as_parts else self.target
+
+    def write(self, part: pa.Table) -> None:
+        if self.schema is None:
+            self.schema = part.schema
+        if part.schema != self.schema:
+            part = part.cast(self.schema)
+        if self.pending is not None:
+            self.pending.result()
+        if self.writer is None or (self.as_parts and self.part_rows_written >= self.part_rows):
+            self._rotate()
+        writer, hasher = self.writer, self.hasher
+
+        def job() -> None:
+            assert writer is not None
+            writer.write_table(part)
+            hasher.update(part)
+
+        self.pending = self.pool.submit(job)
+        self.part_rows_written += part.num_rows
+        self.rows += part.num_rows
+
+    def _rotate(self) -> None:
+        if self.writer is not None:
+            self.parts.append((self.writer, self.hasher, self.part_rows_written))
+        assert self.schema is not None
+        # keys are unique: a dictionary would only cost time
+        self.writer = pq.ParquetWriter(self._path(), self.schema, use_dictionary=["bucket", "reason"])
+        self.hasher = _ContentHash()
+        self.part_rows_written = 0
+
+    def close(self, info: dict[str, Any]) -> None:
+        """Finish every file with its footer: ``info`` plus its own rows and content hash."""
+        if self.pending is not None:
+            self.pending.result()
+        if self.writer is not None:
+            self.parts.append((self.writer, self.hasher, self.part_rows_written))
+            self.writer = None
+        for i, (writer, hasher, rows) in enumerate(self.parts):
+            stamp = {**info, "rows": rows, "content_hash": hasher.hexdigest(), "part": i, "parts": len(self.parts)}
+            writer.add_key_value_metadata({META_KEY.decode(): json.dumps(stamp)})
+            writer.close()
+        self.parts = []
+
+    def abort(self) -> None:
+        self.pool.shutdown(wait=True)
+        for writer, _, _ in self.parts:
+            writer.close()
+        if self.writer is not None:
+            self.writer.close()
+        self.parts, self.writer = [], None
+
+
+def _replace(src: Path, dst: Path) -> None:
+    """Move the finished manifest into place; an existing one is replaced only once the new one
+    is complete."""
+    if src.is_dir() and dst.exists():
+        old = dst.with_name(f".{dst.name}.{os.getpid()}.old")
+        os.replace(dst, old)
+        os.replace(src, dst)
+        if old.is_dir():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+    else:
+        os.replace(src, dst)
 
 
 def _manifest_part(
@@ -346,13 +414,33 @@ def _check_unique_keys(keys: pa.Array) -> None:
 
 
 def load_manifest(path: str | Path, *, verify: bool = True) -> Manifest:
-    """Read a manifest, checking its format version and (with ``verify``) its content hash.
+    """Read a manifest (a file or a directory of parts), checking its format version and (with
+    ``verify``) every file's content hash.
 
     Raises:
         ConfigError: not a Parquet file, not a tokenbucket manifest, another format version,
-            or contents that do not match the recorded hash (truncated or edited).
+            parts of different plans, a missing part, or contents that do not match the
+            recorded hash (truncated or edited).
     """
     path = Path(path)
+    files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
+    if not files:
+        raise ConfigError(f"{str(path)!r} is a directory without part-*.parquet manifest files")
+    infos = [_read_part(f, verify) for f in files]
+    first = infos[0]
+    if path.is_dir():
+        if first.get("parts") != len(files):
+            raise ConfigError(f"{str(path)!r} should hold {first.get('parts')} parts, but holds {len(files)}")
+        for f, info in zip(files, infos, strict=True):
+            if info["plan"] != first["plan"] or info["created"] != first["created"]:
+                raise ConfigError(f"{str(f)!r} belongs to another manifest than {str(files[0])!r}")
+        combined = hashlib.sha256("".join(i["content_hash"] for i in infos).encode()).hexdigest()
+        first = {**first, "rows": sum(i["rows"] for i in infos), "content_hash": combined}
+        first.pop("part", None)
+    return Manifest(BucketPlan.from_dict(first["plan"]), first, path, files)
+
+
+def _read_part(path: Path, verify: bool) -> dict[str, Any]:
     try:
         pf = pq.ParquetFile(path)
         kv = pf.metadata.metadata or {}  # the file footer's key-value metadata
@@ -360,7 +448,7 @@ def load_manifest(path: str | Path, *, verify: bool = True) -> Manifest:
         raise ConfigError(f"{str(path)!r} is not a readable Parquet file: {exc}") from None
     if META_KEY not in kv:
         raise ConfigError(f"{str(path)!r} is a Parquet file but not a tokenbucket manifest (no '{META_KEY.decode()}' metadata)")
-    info = json.loads(kv[META_KEY])
+    info: dict[str, Any] = json.loads(kv[META_KEY])
     if info.get("format") != MANIFEST_FORMAT:
         raise ConfigError(f"{str(path)!r} has manifest format {info.get('format')!r}; this tokenbucket reads {MANIFEST_FORMAT}")
     if pf.metadata.num_rows != info["rows"]:
@@ -374,4 +462,4 @@ def load_manifest(path: str | Path, *, verify: bool = True) -> Manifest:
             raise ConfigError(f"{str(path)!r} cannot be read (truncated?): {exc}") from None
         if h.hexdigest() != info["content_hash"]:
             raise ConfigError(f"{str(path)!r} does not match its content hash: it was changed after it was written")
-    return Manifest(BucketPlan.from_dict(info["plan"]), info, path)
+    return info
