@@ -58,7 +58,7 @@ def test_manifest_records_plan_spec_meta_and_hash(metadata: Path, tmp_path: Path
                    meta={"gpu": "H100-SXM", "model": "design-24L-1024"})
     info = json.loads(pq.ParquetFile(out).metadata.metadata[b"tokenbucket"])
     assert info["format"] == 1 and info["rows"] == 20_000
-    assert info["meta"] == {"gpu": "H100-SXM", "model": "design-24L-1024"}
+    assert info["meta"] == {"gpu": "H100-SXM", "model": "design-24L-1024"}  # the caller's words win
     assert TokenSpec.from_dict(info["token_spec"]) == SPEC
     assert len(info["content_hash"]) == 64
 
@@ -174,3 +174,9 @@ def test_manifest_directory_of_parts_round_trip(metadata: Path, tmp_path: Path) 
     (out / "part-00001.parquet").unlink()
     with pytest.raises(ConfigError, match="should hold 2 parts"):
         load_manifest(out)
+
+
+def test_manifest_records_the_cost_models_model_and_gpu(metadata: Path, tmp_path: Path) -> None:
+    m = build_manifest(metadata, SPEC, COST, tmp_path / "m.parquet", budget_bytes=BUDGET, on_oversize="reject")
+    assert m.meta["meta"]["gpu"] == "H100-SXM"
+    assert ModelSpec.from_dict(m.meta["meta"]["model"]) == COST.model

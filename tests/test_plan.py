@@ -146,3 +146,15 @@ def test_plan_invariants_hold_on_random_length_distributions(lengths: list[int],
     assert len(plan.buckets) <= k
     assert_plan_invariants(plan, arr, cost)
     assert plan.summary()["over_budget_batches"] == 0
+
+
+def test_plan_from_bounds_predicts_like_the_planner(lengths: np.ndarray) -> None:
+    from tokenbucket.plan import plan_from_bounds
+
+    auto = plan_buckets(lengths, COST, BUDGET, max_buckets=6, on_oversize="reject")
+    by_hand = plan_from_bounds(auto.bounds.tolist(), auto.batch_sizes.tolist(), lengths, COST, BUDGET)
+    assert by_hand.buckets == auto.buckets
+    assert by_hand.oversize["count"] == auto.oversize["count"]  # above the last bound
+    assert by_hand.oversize["longest_fitting"] == auto.bounds[-1]
+    with pytest.raises(ConfigError, match="over the budget"):
+        plan_from_bounds([2048], [10_000], lengths, COST, BUDGET)

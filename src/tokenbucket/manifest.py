@@ -246,11 +246,16 @@ def build_manifest(
             # the one part of the build that grows with the input.
             _check_unique_keys(pa.concat_arrays(all_keys))
         del all_keys
+        # record what the plan was made for (the caller's words win)
+        model = getattr(plan_or_cost, "model", None)
+        gpu = getattr(plan_or_cost, "gpu", None)
+        made_for = {"model": model.to_dict() if model is not None and hasattr(model, "to_dict") else None,
+                    "gpu": getattr(gpu, "name", None)}
         info = {
             "format": MANIFEST_FORMAT,
             "plan": plan.to_dict(),
             "token_spec": spec.to_dict(),
-            "meta": dict(meta or {}),
+            "meta": {**made_for, **(meta or {})},
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         sink.close(info)

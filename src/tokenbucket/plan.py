@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -49,6 +49,7 @@ __all__ = [
     "OversizeError",
     "check_plan",
     "plan_buckets",
+    "plan_from_bounds",
 ]
 
 PLAN_FORMAT = 1
@@ -491,8 +492,45 @@ def check_plan(plan_or_bounds: BucketPlan | Sequence[int], batch_sizes: Sequence
             )
 
 
-def replan_batch_sizes(plan: BucketPlan, batch_sizes: Sequence[int]) -> BucketPlan:
-    """A copy of ``plan`` with other batch sizes (for hand-tuned plans; check with :func:`check_plan`)."""
-    return replace(plan, buckets=tuple(replace(b, batch_size=int(s)) for b, s in zip(plan.buckets, batch_sizes,
-                                                                                       strict=True)))
+def plan_from_bounds(
+    bounds: Sequence[int],
+    batch_sizes: Sequence[int],
+    lengths: Sequence[int] | np.ndarray | LengthHistogram,
+    cost_model: Any,
+    budget_bytes: int,
+    *,
+    mode: Mode = "static",
+    pool_batches: int = 32,
+    seed: int = 0,
+    meta: dict[str, Any] | None = None,
+) -> BucketPlan:
+    """A plan given by hand: :func:`check_plan` first (each bucket's batch at its bound must fit),
+    then the same predictions :func:`plan_buckets` makes. Samples above the last bound are
+    reported under ``oversize``.
+
+    Example:
+        >>> from tokenbucket import CostModel, ModelSpec
+        >>> cost = CostModel(ModelSpec.preset("design-24L-1024"), "H100-SXM")
+        >>> plan_from_bounds([4096, 16384], [16, 4], [1000, 5000, 9000], cost, 70 * 2**30).summary()["batches"]
+        2
+    """
+    check_plan(bounds, batch_sizes, cost_model, budget_bytes)
+    if isinstance(lengths, LengthHistogram):
+        hist, raw = lengths, None
+        if mode == "dynamic":
+            raise ConfigError("dynamic mode simulates its batches: give the lengths, not a histogram")
+    else:
+        raw = np.asarray(lengths, dtype=np.int64)
+        hist = LengthHistogram.from_lengths(raw)
+    top = int(bounds[-1])
+    over = hist.values > top
+    oversize: dict[str, int] = {}
+    if over.any():
+        largest = int(hist.values[-1])
+        oversize = {"count": int(hist.counts[over].sum()), "largest": largest,
+                    "largest_bytes": int(cost_model.memory(1, largest).total), "longest_fitting": top}
+        hist = LengthHistogram(hist.values[~over], hist.counts[~over])
+        raw = raw[raw <= top] if raw is not None else None
+    return _describe(mode, np.asarray(bounds, np.int64), np.asarray(batch_sizes, np.int64), hist, raw, cost_model,
+                     budget_bytes, oversize, meta, pool_batches, seed)
 
