@@ -561,27 +561,33 @@ def breakdown_table(
     return Breakdowns(table=result, rejected=rejected)
 
 
-def _check_unique(key_arr: pa.Array, problems: V.Problems, column: str) -> None:
-    # NOTE [ Duplicate keys ]
-    # Metadata is often written in key order: strictly increasing keys are unique, and one
-    # comparison pass proves it (0.09 s for 10M keys against 3 s for hashing them; see
-    # benchmarks/bench_breakdown.py). Otherwise one hash pass; only when the dictionary is
-    # shorter than the column do we pay for locating the repeats (every occurrence after the
-    # first is the duplicate).
-    n = len(key_arr)
-    if n < 2 or (
-        not key_arr.null_count and pc.all(pc.greater(key_arr.slice(1), key_arr.slice(0, n - 1))).as_py()
-    ):
-        return
-    encoded = pc.dictionary_encode(key_arr)
-    if len(encoded.dictionary) + (1 if key_arr.null_count else 0) >= len(key_arr):
-        return
+def duplicate_rows(keys: pa.Array) -> np.ndarray:
+    """Rows whose key an earlier row already has (nulls never count as duplicates).
+
+    NOTE [ Duplicate keys ]
+    Metadata is often written in key order: strictly increasing keys are unique, and one
+    comparison pass proves it (0.09 s for 10M keys against 3 s for hashing them; see
+    benchmarks/bench_breakdown.py). Otherwise one hash pass; only when the dictionary is
+    shorter than the column do we pay for locating the repeats (every occurrence after the
+    first is the duplicate).
+    """
+    n = len(keys)
+    none = np.zeros(0, dtype=np.int64)
+    if n < 2 or (not keys.null_count and pc.all(pc.greater(keys.slice(1), keys.slice(0, n - 1))).as_py()):
+        return none
+    encoded = pc.dictionary_encode(keys)
+    if len(encoded.dictionary) + (1 if keys.null_count else 0) >= n:
+        return none
     codes = encoded.indices.fill_null(-1).to_numpy()
     _, first = np.unique(codes, return_index=True)
-    dup = np.ones(len(codes), dtype=bool)
+    dup = np.ones(n, dtype=bool)
     dup[first] = False
     dup &= codes >= 0
-    idx = np.flatnonzero(dup)
+    return np.flatnonzero(dup)
+
+
+def _check_unique(key_arr: pa.Array, problems: V.Problems, column: str) -> None:
+    idx = duplicate_rows(key_arr)
     problems.add(idx, _P_KEY + 1, R_DUPLICATE, column, lambda i: key_arr[int(idx[i])].as_py())
 
 

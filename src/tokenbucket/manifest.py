@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.breakdown import breakdown_table
+from tokenbucket.breakdown import breakdown_table, duplicate_rows
 from tokenbucket.metadata import count_rows, iter_metadata_batches, metadata_paths
 from tokenbucket.plan import BucketPlan, LengthHistogram, plan_buckets
 from tokenbucket.spec import TokenSpec
@@ -407,15 +407,10 @@ def _with_rejected(part: pa.Table, rejected: pa.Table, offset: int) -> pa.Table:
 
 
 def _check_unique_keys(keys: pa.Array) -> None:
-    encoded = pc.dictionary_encode(keys)
-    if len(encoded.dictionary) == len(keys):
-        return
-    codes = encoded.indices.to_numpy()
-    _, first = np.unique(codes, return_index=True)
-    dup = np.ones(len(codes), dtype=bool)
-    dup[first] = False
-    row = int(np.flatnonzero(dup)[0])
-    raise ConfigError(f"row {row}: key {keys[row].as_py()!r} is used by an earlier row; keys must be unique")
+    dup = duplicate_rows(keys)
+    if len(dup):
+        row = int(dup[0])
+        raise ConfigError(f"row {row}: key {keys[row].as_py()!r} is used by an earlier row; keys must be unique")
 
 
 def load_manifest(path: str | Path, *, verify: bool = True) -> Manifest:
