@@ -1,0 +1,267 @@
+"""``BucketBatchSampler``: batches of dataset indices, one bucket per batch, for
+``DataLoader(batch_sampler=...)`` — deterministic, DDP-correct and exactly resumable.
+
+Each epoch is a pure function of ``(seed, epoch, plan id, world_size)``; a rank takes its slice:
+
+1. every bucket's samples are shuffled (``numpy`` generator seeded with ``seed``, ``epoch`` and
+   the plan id) and cut into batches — static mode: ``batch_size`` of the bucket; dynamic mode:
+   filled to the budget (shuffled pools sorted by length, as the planner predicted);
+2. batches are grouped into *steps* of ``world_size`` batches; with ``sync_buckets`` a step's
+   batches all come from one bucket, so no rank waits on a bigger shape;
+3. steps are shuffled, and rank ``r`` takes batch ``r`` of every step.
+
+NOTE [ Nothing lost, equal steps ]
+A bucket whose last step has fewer batches than ranks gives the missing ranks a batch with one
+*empty row* (index ``num_samples + bucket``, see :data:`EMPTY_ROW`): every rank takes the same
+number of steps, every sample appears exactly once per epoch across ranks, and the collate pads
+the empty row like any other (static mode keeps the bucket's shape). With ``drop_last=True``
+those incomplete last steps are dropped instead and their samples counted in ``dropped``.
+
+State (``state_dict``, torchdata's ``StatefulDataLoader`` protocol): ``epoch``, ``step``
+(batches this rank has yielded this epoch), and ``plan_id``, ``world_size``, ``seed``,
+``mode``, ``drop_last``, ``sync_buckets`` to refuse a resume that would not continue exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from tokenbucket._exceptions import ConfigError
+
+__all__ = ["EMPTY_ROW", "BucketBatchSampler", "epoch_steps"]
+
+#: Indices at or above ``num_samples`` are empty rows: ``num_samples + bucket``.
+EMPTY_ROW = "num_samples + bucket"
+
+
+def _rng(seed: int, epoch: int, plan_id: str) -> np.random.Generator:
+    # the plan id enters the seed, so two plans never share an order by accident
+    return np.random.default_rng([seed, epoch, int(plan_id[:15], 16)])
+
+
+def epoch_steps(
+    buckets: np.ndarray,
+    batch_sizes: Sequence[int],
+    *,
+    seed: int,
+    epoch: int,
+    plan_id: str,
+    world_size: int,
+    sync_buckets: bool = True,
+    drop_last: bool = False,
+    shuffle: bool = True,
+    dynamic: Any = None,
+) -> tuple[list[list[np.ndarray]], int]:
+    """All ranks' batches of one epoch, grouped in steps: ``steps[s][r]`` is rank r's batch.
+
+    Args:
+        buckets: bucket index of every sample (``-1``: not in the epoch).
+        batch_sizes: static batch size per bucket.
+        dynamic: ``(lengths, cost_model, budget_bytes, pool_batches)`` for dynamic batching.
+
+    Returns:
+        ``(steps, dropped)`` — ``dropped`` counts samples left out under ``drop_last``.
+    """
+    n = len(buckets)
+    rng = _rng(seed, epoch, plan_id)
+    order = np.argsort(buckets, kind="stable")
+    counts = np.bincount(buckets[buckets >= 0], minlength=len(batch_sizes))
+    start = int((buckets < 0).sum())
+    groups: list[list[np.ndarray]] = []  # per bucket, its batches
+    for k, count in enumerate(counts.tolist()):
+        members = order[start:start + count]
+        start += count
+        if shuffle:
+            members = members[rng.permutation(count)]
+        if dynamic is not None:
+            from tokenbucket._batching import dynamic_batches
+
+            lengths, cost, budget, pool_batches = dynamic
+            cut = dynamic_batches(lengths[members], cost, budget, pool_batches=pool_batches, rng=rng)
+            groups.append([members[c] for c in cut])
+        else:
+            b = int(batch_sizes[k])
+            groups.append([members[i:i + b] for i in range(0, count, b)])
+
+    dropped = 0
+    steps: list[list[np.ndarray]] = []
+    if sync_buckets:
+        for k, batches in enumerate(groups):
+            for i in range(0, len(batches), world_size):
+                step = batches[i:i + world_size]
+                if len(step) < world_size:
+                    if drop_last:
+                        dropped += sum(len(b) for b in step)
+                        continue
+                    step = step + [np.array([n + k])] * (world_size - len(step))
+                steps.append(step)
+        if shuffle:
+            steps = [steps[i] for i in rng.permutation(len(steps))]
+    else:
+        flat = [(k, b) for k, batches in enumerate(groups) for b in batches]
+        if shuffle:
+            flat = [flat[i] for i in rng.permutation(len(flat))]
+        tail = len(flat) % world_size
+        if tail and drop_last:
+            dropped = sum(len(b) for _, b in flat[-tail:])
+            flat = flat[:-tail]
+        elif tail:
+            k_last = flat[-1][0]
+            flat += [(k_last, np.array([n + k_last]))] * (world_size - tail)
+        steps = [[b for _, b in flat[i:i + world_size]] for i in range(0, len(flat), world_size)]
+    return steps, dropped
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Yields one rank's batches (lists of dataset indices) for ``DataLoader(batch_sampler=...)``.
+
+    Args:
+        buckets: bucket index per sample (``-1``: left out, e.g. rejected), as in a manifest.
+        batch_sizes: the plan's batch size per bucket (static mode).
+        plan_id: identifies the plan/manifest (its content hash); part of the seed and of the state.
+        shuffle, seed, drop_last: as in ``torch.utils.data.DistributedSampler``.
+        rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
+        sync_buckets: every rank draws from the same bucket at the same step.
+        dynamic: ``(lengths, cost_model, budget_bytes, pool_batches)`` for dynamic batches.
+
+    State keys: ``epoch``, ``step``, ``plan_id``, ``world_size``, ``seed``, ``drop_last``,
+    ``sync_buckets``, ``mode``.
+
+    Example:
+        >>> s = BucketBatchSampler([0, 0, 1, 1, 1], [2, 2], plan_id="ab" * 8, shuffle=False)
+        >>> list(s)
+        [[0, 1], [2, 3], [4]]
+    """
+
+    STATE_KEYS = ("epoch", "step", "plan_id", "world_size", "seed", "drop_last", "sync_buckets", "mode")
+
+    def __init__(
+        self,
+        buckets: Sequence[int] | np.ndarray,
+        batch_sizes: Sequence[int],
+        *,
+        plan_id: str,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        sync_buckets: bool = True,
+        dynamic: Any = None,
+    ) -> None:
+        rank, world_size = _dist_defaults(rank, world_size)
+        if not isinstance(plan_id, str) or len(plan_id) < 15 or any(c not in "0123456789abcdef" for c in plan_id):
+            raise ConfigError(f"plan_id should be a hex digest (the manifest's content hash), but got {plan_id!r}")
+        self.buckets = np.asarray(buckets, dtype=np.int64)
+        self.batch_sizes = [int(b) for b in batch_sizes]
+        if self.buckets.size and self.buckets.max() >= len(self.batch_sizes):
+            raise ConfigError(
+                f"bucket {int(self.buckets.max())} has no batch size; the plan has {len(self.batch_sizes)} buckets"
+            )
+        for k, b in enumerate(self.batch_sizes):
+            if b < 1:
+                raise ConfigError(f"batch_size should be a positive integer, but got batch_sizes[{k}]={b}")
+        self.plan_id, self.shuffle, self.seed, self.drop_last = plan_id, shuffle, int(seed), drop_last
+        self.rank, self.world_size, self.sync_buckets = rank, world_size, sync_buckets
+        self.dynamic = dynamic
+        self.mode = "dynamic" if dynamic is not None else "static"
+        self.epoch = 0
+        self.step = 0  # batches yielded this epoch (this rank)
+        self._resume_step = 0
+        self._cache: tuple[int, list[list[np.ndarray]], int] | None = None
+        self.dropped = 0
+
+    @classmethod
+    def from_manifest(cls, manifest: Any, *, cost_model: Any = None, pool_batches: int = 32,
+                      **kwargs: Any) -> BucketBatchSampler:
+        """A sampler over a :class:`~tokenbucket.manifest.Manifest` (rows in dataset order).
+
+        A dynamic-mode manifest needs the ``cost_model`` it was planned with, to fill batches.
+        """
+        plan = manifest.plan
+        buckets = manifest.table.column("bucket").to_numpy()
+        if plan.mode == "dynamic":
+            if cost_model is None:
+                raise ConfigError("a dynamic-mode manifest needs cost_model= to fill its batches to the budget")
+            totals = manifest.table.column("total").fill_null(0).to_numpy()
+            kwargs["dynamic"] = (totals, cost_model, plan.budget_bytes, pool_batches)
+        return cls(buckets, plan.batch_sizes.tolist(), plan_id=manifest.content_hash, **kwargs)
+
+    # -- the epoch ---------------------------------------------------------------------------
+
+    def _steps(self) -> list[list[np.ndarray]]:
+        if self._cache is None or self._cache[0] != self.epoch:
+            steps, dropped = epoch_steps(
+                self.buckets, self.batch_sizes, seed=self.seed, epoch=self.epoch, plan_id=self.plan_id,
+                world_size=self.world_size, sync_buckets=self.sync_buckets, drop_last=self.drop_last,
+                shuffle=self.shuffle, dynamic=self.dynamic,
+            )
+            self._cache = (self.epoch, steps, dropped)
+        self.dropped = self._cache[2]
+        return self._cache[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` (call it before each epoch, as with ``DistributedSampler``)."""
+        if epoch != self.epoch:
+            self.step = 0
+            self._resume_step = 0
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current epoch (the same on every rank)."""
+        return len(self._steps())
+
+    def __iter__(self) -> Iterator[list[int]]:
+        steps = self._steps()
+        start = self._resume_step
+        self._resume_step = 0
+        self.step = start
+        for s in range(start, len(steps)):
+            self.step = s + 1
+            yield steps[s][self.rank].tolist()
+
+    # -- state -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "step": self.step, "plan_id": self.plan_id, "world_size": self.world_size,
+                "seed": self.seed, "drop_last": self.drop_last, "sync_buckets": self.sync_buckets, "mode": self.mode}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        for key, mine in (("plan_id", self.plan_id), ("world_size", self.world_size), ("seed", self.seed),
+                          ("drop_last", self.drop_last), ("sync_buckets", self.sync_buckets), ("mode", self.mode)):
+            theirs = state.pop(key)
+            if theirs != mine:
+                why = {
+                    "plan_id": "the manifest changed, so the saved position means other batches; start a new epoch",
+                    "world_size": "the number of ranks changed, so every rank's slice changed",
+                }.get(key, "the batches of the epoch would differ")
+                raise ConfigError(f"cannot resume: saved {key}={theirs!r} but this sampler has {key}={mine!r} ({why})")
+        self.epoch = int(state.pop("epoch"))
+        self.step = self._resume_step = int(state.pop("step"))
+        if state:
+            raise ConfigError(f"unexpected keys in the sampler state: {sorted(state)}")
+
+
+def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if world_size is None:
+        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if rank is None:
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError(f"world_size should be a positive integer, but got world_size={world_size!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ConfigError(f"rank should be in [0, world_size={world_size}), but got rank={rank!r}")
+    return rank, world_size
+
+
+def plan_id_of(text: str) -> str:
+    """A plan id for ad-hoc use (tests, plans without a manifest): SHA-256 of ``text``."""
+    return hashlib.sha256(text.encode()).hexdigest()
