@@ -1,0 +1,275 @@
+"""The training side's two other halves: ``TokenBucketDataset`` (a map-style dataset plus every
+sample's breakdown and bucket) and ``BucketCollate`` (pads a batch to its bucket's shape).
+
+Token layout (NOTE [ Token layout ])
+    A sample's flattened sequence is laid out in breakdown order: each camera in turn (for each
+    temporal token: its spatial tokens, then its special tokens; then the camera's special
+    tokens), then text, proprio, action, memory and the extras in spec order.
+    :func:`token_layout` gives the slices, so a model can build position ids and masks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import Dataset
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.breakdown import TokenBreakdown, breakdown_sample, breakdown_table
+from tokenbucket.spec import MODALITIES, TokenSpec
+
+__all__ = ["BatchInfo", "BucketCollate", "EmptyRow", "Segment", "TokenBucketDataset", "token_layout"]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``tokens[start:stop]`` of a sample hold ``modality`` (and for vision, ``camera``/``frame``)."""
+
+    modality: str
+    start: int
+    stop: int
+    camera: str | None = None
+    frame: int | None = None
+
+
+def token_layout(bd: TokenBreakdown, spec: TokenSpec) -> list[Segment]:
+    """The slices of a sample's sequence, in the order of NOTE [ Token layout ].
+
+    Example:
+        >>> bd = breakdown_sample({"cameras": 2, "frames": 2, "height": 28, "width": 28, "text_tokens": 5},
+        ...                       TokenSpec(patch=14))
+        >>> [(s.modality, s.camera, s.frame, s.start, s.stop) for s in token_layout(bd, TokenSpec(patch=14))][:3]
+        [('vision', 'camera0', 0, 0, 4), ('vision', 'camera0', 1, 4, 8), ('vision', 'camera1', 0, 8, 12)]
+    """
+    out: list[Segment] = []
+    pos = 0
+    for cam in bd.cameras:
+        cs = spec.camera_spec(cam.name)
+        per_frame = cam.spatial + cs.special_per_frame
+        for f in range(cam.temporal):
+            out.append(Segment("vision", pos, pos + per_frame, cam.name, f))
+            pos += per_frame
+        if cs.special_per_camera:
+            out.append(Segment("vision_special", pos, pos + cs.special_per_camera, cam.name, None))
+            pos += cs.special_per_camera
+    for name in (*MODALITIES, *bd.extras):
+        count = getattr(bd, name) if name in MODALITIES else bd.extras[name]
+        if count:
+            out.append(Segment(name, pos, pos + count))
+            pos += count
+    if pos != bd.total:
+        raise AssertionError(f"layout covers {pos} tokens, breakdown says {bd.total}")
+    return out
+
+
+@dataclass(frozen=True)
+class EmptyRow:
+    """What the dataset returns for an empty row of bucket ``bucket`` (see the sampler)."""
+
+    bucket: int
+
+
+class TokenBucketDataset(Dataset[Any]):
+    """A map-style dataset with every sample's token breakdown and bucket.
+
+    Args:
+        dataset: the user's map-style dataset.
+        metadata: a ``pyarrow.Table`` (or mapping of columns) aligned with ``dataset``; a
+            column name, for datasets that return a column by name (``dataset["meta"]``); or a
+            callable ``index -> dict`` of the sample's metadata.
+        spec: the token spec.
+        plan: a :class:`~tokenbucket.plan.BucketPlan` to assign buckets with; or
+        manifest: a :class:`~tokenbucket.manifest.Manifest` (its breakdowns and buckets are
+            used; it must match the dataset's length and keys).
+
+    Items are ``(index, item)``; an index ``>= len(dataset)`` is an empty row and gives
+    ``(index, EmptyRow(bucket))``.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        spec: TokenSpec,
+        metadata: pa.Table | Mapping[str, Any] | str | Callable[[int], Mapping[str, Any]] | None = None,
+        plan: Any = None,
+        manifest: Any = None,
+    ) -> None:
+        self.dataset, self.spec = dataset, spec
+        n = len(dataset)
+        table = _metadata_table(dataset, metadata, n) if metadata is not None else None
+        if manifest is not None:
+            mt = manifest.table
+            if mt.num_rows != n:
+                raise ConfigError(f"the manifest has {mt.num_rows:,} rows but the dataset has {n:,} samples")
+            if table is not None and spec.columns.key is not None and spec.columns.key in table.column_names:
+                mine = table.column(spec.columns.key).cast(pa.string()).to_numpy(zero_copy_only=False)
+                theirs = mt.column("key").to_numpy(zero_copy_only=False)
+                bad = np.flatnonzero(mine != theirs)
+                if len(bad):
+                    i = int(bad[0])
+                    raise ConfigError(
+                        f"the manifest does not match the dataset: index {i} has key {mine[i]!r} in the dataset "
+                        f"but {theirs[i]!r} in the manifest"
+                    )
+            self.plan = manifest.plan
+            self.plan_id = manifest.content_hash
+            self.breakdowns = mt
+            self.buckets = mt.column("bucket").to_numpy()
+        else:
+            if table is None or plan is None:
+                raise ConfigError("TokenBucketDataset needs metadata= and plan=, or manifest=")
+            result = breakdown_table(table, spec, on_invalid="reject")
+            if result.rejected.num_rows:
+                first = result.rejected.slice(0, 1).to_pylist()[0]
+                raise ConfigError(f"{result.rejected.num_rows} invalid metadata rows; the first: {first['message']}")
+            self.plan = plan
+            from tokenbucket.sampler import plan_id_of
+
+            self.plan_id = plan_id_of(plan.to_json())
+            self.breakdowns = result.table
+            self.buckets = plan.assign(result.totals)
+        self.lengths = self.breakdowns.column("total").fill_null(0).to_numpy()
+        self._metadata = table
+        self._meta_fn = metadata if callable(metadata) else None
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[int, Any]:
+        n = len(self.dataset)
+        if index >= n:
+            return index, EmptyRow(index - n)
+        return index, self.dataset[index]
+
+    def breakdown(self, index: int) -> TokenBreakdown:
+        """The full breakdown (per camera) of one sample, from its metadata."""
+        if self._meta_fn is not None:
+            row = dict(self._meta_fn(index))
+        elif self._metadata is not None:
+            row = self._metadata.slice(index, 1).to_pylist()[0]
+        else:
+            raise ConfigError("per-camera breakdowns need the metadata (pass metadata= with the manifest)")
+        return breakdown_sample(row, self.spec, index=index)
+
+    def key(self, index: int) -> str:
+        return str(self.breakdowns.column("key")[index].as_py())
+
+    def sampler(self, **kwargs: Any) -> Any:
+        """A :class:`~tokenbucket.sampler.BucketBatchSampler` over this dataset's buckets."""
+        from tokenbucket.sampler import BucketBatchSampler
+
+        return BucketBatchSampler(self.buckets, self.plan.batch_sizes.tolist(), plan_id=self.plan_id, **kwargs)
+
+
+def _metadata_table(dataset: Any, metadata: Any, n: int) -> pa.Table | None:
+    if isinstance(metadata, pa.Table):
+        table = metadata
+    elif isinstance(metadata, Mapping):
+        table = pa.table(dict(metadata))
+    elif isinstance(metadata, str):
+        try:
+            column = dataset[metadata]
+        except (KeyError, TypeError, IndexError):
+            raise ConfigError(f"the dataset has no column {metadata!r} to read metadata from") from None
+        table = pa.Table.from_pylist(list(column))
+    elif callable(metadata):
+        table = pa.Table.from_pylist([dict(metadata(i)) for i in range(n)])
+    else:
+        raise ConfigError(f"metadata should be a table, a column name or a callable, but got {type(metadata).__name__}")
+    if table.num_rows != n:
+        raise ConfigError(f"the metadata has {table.num_rows:,} rows but the dataset has {n:,} samples")
+    return table
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """What the monitor reads about a batch."""
+
+    bucket: int
+    shape: tuple[int, int]
+    keys: tuple[str, ...]
+    tokens: dict[str, int]
+    real_tokens: int
+    padded_tokens: int
+    predicted_peak_bytes: int
+    risk: float
+
+
+class BucketCollate:
+    """Pads a batch of ``(index, item)`` to its bucket's shape.
+
+    Each item is a mapping whose ``tokens_key`` entry is the sample's token sequence, a tensor
+    ``[L_i, ...]`` laid out as in NOTE [ Token layout ]; ``L_i`` must equal the breakdown's
+    total, or the batch is refused (a sample whose data disagrees with its metadata is how
+    "impossible" OOMs happen). Static plans pad to ``(batch_size, bound)``; dynamic ones to
+    ``(len(batch), longest)``.
+
+    Returns a dict: ``tokens`` ``[B, L, ...]``, ``attention_mask`` ``[B, L]`` (True on real
+    tokens), ``row_mask`` ``[B]`` (False on empty rows), ``index`` ``[B]`` (-1 on empty rows),
+    ``layout`` (a list per row of :class:`Segment`, with ``with_layout``) and ``info``
+    (:class:`BatchInfo`).
+    """
+
+    def __init__(self, data: TokenBucketDataset, *, tokens_key: str = "tokens", pad_value: float = 0,
+                 cost_model: Any = None, with_layout: bool = False) -> None:
+        self.data, self.tokens_key, self.pad_value = data, tokens_key, pad_value
+        self.cost_model, self.with_layout = cost_model, with_layout
+
+    def _template(self) -> torch.Tensor:
+        # a batch of empty rows only: take the per-token shape and dtype from a real sample
+        if getattr(self, "_cached_template", None) is None:
+            first = int(np.flatnonzero(self.data.buckets >= 0)[0])
+            self._cached_template: torch.Tensor | None = self.data.dataset[first][self.tokens_key]
+        assert self._cached_template is not None
+        return self._cached_template
+
+    def __call__(self, batch: Sequence[tuple[int, Any]]) -> dict[str, Any]:
+        data = self.data
+        plan = data.plan
+        real = [(i, item) for i, item in batch if not isinstance(item, EmptyRow)]
+        empties = [item for _, item in batch if isinstance(item, EmptyRow)]
+        bucket = int(data.buckets[real[0][0]]) if real else empties[0].bucket
+        seqs = []
+        for i, item in real:
+            t = item[self.tokens_key]
+            expected = int(data.lengths[i])
+            if t.shape[0] != expected:
+                raise ConfigError(
+                    f"sample {i} (key {data.key(i)!r}): its metadata says {expected} tokens "
+                    f"but its {self.tokens_key!r} tensor has shape {tuple(t.shape)}"
+                )
+            seqs.append(t)
+        if plan.mode == "static":
+            rows, length = plan.buckets[bucket].batch_size, plan.buckets[bucket].bound
+        else:
+            rows, length = len(batch), max((s.shape[0] for s in seqs), default=1)
+        template = seqs[0] if seqs else self._template()
+        tokens = torch.full((rows, length, *template.shape[1:]), self.pad_value, dtype=template.dtype)
+        attention = torch.zeros(rows, length, dtype=torch.bool)
+        row_mask = torch.zeros(rows, dtype=torch.bool)
+        index = torch.full((rows,), -1, dtype=torch.long)
+        for r, ((i, _), s) in enumerate(zip(real, seqs, strict=True)):
+            tokens[r, : s.shape[0]] = s
+            attention[r, : s.shape[0]] = True
+            row_mask[r] = True
+            index[r] = i
+        idx = [i for i, _ in real]
+        sums = {name: int(data.breakdowns.column(name).to_numpy()[idx].sum()) if idx else 0
+                for name in ("vision", *MODALITIES)}
+        real_tokens = int(sum(s.shape[0] for s in seqs))
+        peak = (int(self.cost_model.memory(rows, length).total) if self.cost_model is not None
+                else plan.buckets[bucket].predicted_peak_bytes)
+        info = BatchInfo(bucket=bucket, shape=(rows, length), keys=tuple(data.key(i) for i in idx), tokens=sums,
+                         real_tokens=real_tokens, padded_tokens=rows * length, predicted_peak_bytes=peak,
+                         risk=peak / plan.budget_bytes)
+        out: dict[str, Any] = {"tokens": tokens, "attention_mask": attention, "row_mask": row_mask,
+                               "index": index, "info": info}
+        if self.with_layout:
+            out["layout"] = [token_layout(data.breakdown(i), data.spec) for i in idx]
+        return out

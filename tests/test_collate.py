@@ -1,0 +1,147 @@
+"""TokenBucketDataset and BucketCollate: shapes, masks, empty rows, layout, metadata lies."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_sample, breakdown_table
+from tokenbucket.collate import BucketCollate, EmptyRow, TokenBucketDataset, token_layout
+from tokenbucket.manifest import build_manifest
+from tokenbucket.plan import plan_buckets
+
+SPEC = TokenSpec(patch=56, special_per_frame=1, special_per_camera=2)
+COST = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32", attention="eager"))
+BUDGET = 8 * 2**20
+
+
+def meta(n: int = 60) -> pa.Table:
+    rng = np.random.default_rng(0)
+    side = rng.choice([112, 224], n)
+    return pa.table({"key": [f"s{i:03d}" for i in range(n)], "cameras": rng.choice([1, 2], n),
+                     "frames": rng.choice([1, 3], n), "height": side, "width": side,
+                     "text_tokens": rng.integers(1, 9, n)})
+
+
+class Seqs(Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, lengths: np.ndarray, lie_at: int | None = None) -> None:
+        self.lengths, self.lie_at = lengths, lie_at
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        n = int(self.lengths[i]) + (3 if i == self.lie_at else 0)
+        return {"tokens": torch.full((n, 4), float(i + 1))}
+
+
+def setup(mode: str = "static", lie_at: int | None = None) -> tuple[TokenBucketDataset, Any]:
+    table = meta()
+    lengths = breakdown_table(table, SPEC).totals
+    plan = plan_buckets(lengths, COST, BUDGET, max_buckets=3, multiple=8, mode=mode)  # type: ignore[arg-type]
+    return TokenBucketDataset(Seqs(lengths, lie_at), metadata=table, spec=SPEC, plan=plan), plan
+
+
+def test_collate_static_pads_to_the_bucket_shape_with_masks() -> None:
+    data, plan = setup()
+    collate = BucketCollate(data)
+    sampler = data.sampler(world_size=3, rank=2, seed=1)
+    for indices in sampler:
+        batch = collate([data[i] for i in indices])
+        info = batch["info"]
+        b = plan.buckets[info.bucket]
+        assert batch["tokens"].shape == (b.batch_size, b.bound, 4) and info.shape == (b.batch_size, b.bound)
+        real = [i for i in indices if i < len(data)]
+        assert int(batch["row_mask"].sum()) == len(real)
+        for r, i in enumerate(real):
+            n = int(data.lengths[i])
+            assert bool(batch["attention_mask"][r, :n].all()) and not bool(batch["attention_mask"][r, n:].any())
+            assert bool((batch["tokens"][r, :n] == i + 1).all()) and bool((batch["tokens"][r, n:] == 0).all())
+        assert info.real_tokens == int(batch["attention_mask"].sum())
+        assert info.keys == tuple(f"s{i:03d}" for i in real)
+        assert info.risk == pytest.approx(info.predicted_peak_bytes / plan.budget_bytes)
+        assert info.predicted_peak_bytes <= plan.budget_bytes
+
+
+def test_collate_empty_row_only_batch_keeps_the_shape() -> None:
+    data, plan = setup()
+    n = len(data)
+    _, item = data[n + 1]
+    assert isinstance(item, EmptyRow) and item.bucket == 1
+    batch = BucketCollate(data)([data[n + 1]])
+    assert batch["tokens"].shape[:2] == (plan.buckets[1].batch_size, plan.buckets[1].bound)
+    assert not bool(batch["row_mask"].any()) and batch["info"].keys == ()
+
+
+def test_collate_dynamic_pads_to_the_longest_in_the_batch() -> None:
+    data, _ = setup("dynamic")
+    batch = BucketCollate(data)([data[i] for i in (0, 1, 2)])
+    assert batch["tokens"].shape[:2] == (3, int(max(data.lengths[:3])))
+
+
+def test_collate_metadata_lie_names_key_expected_and_actual() -> None:
+    data, _ = setup(lie_at=5)
+    with pytest.raises(ConfigError, match=r"sample 5 \(key 's005'\): its metadata says (\d+) tokens but its 'tokens' tensor has shape \(\d+, 4\)"):
+        BucketCollate(data)([data[5]])
+
+
+def test_collate_layout_covers_every_token_by_camera_frame_and_modality() -> None:
+    data, _ = setup()
+    batch = BucketCollate(data, with_layout=True)([data[i] for i in (0, 1)])
+    for segs, i in zip(batch["layout"], (0, 1), strict=True):
+        bd = breakdown_sample(meta().slice(i, 1).to_pylist()[0], SPEC)
+        assert segs[0].start == 0 and segs[-1].stop == bd.total
+        assert all(a.stop == b.start for a, b in itertools.pairwise(segs))  # contiguous
+        frames = [s for s in segs if s.modality == "vision"]
+        assert len(frames) == sum(c.temporal for c in bd.cameras)
+        assert {s.stop - s.start for s in frames} == {c.spatial + 1 for c in bd.cameras}  # + special per frame
+        assert sum(s.stop - s.start for s in segs if s.modality == "text") == bd.text
+    assert token_layout(breakdown_sample({"cameras": 0, "frames": 1, "height": 1, "width": 1}, SPEC), SPEC) == []
+
+
+def test_dataset_metadata_as_callable_or_column() -> None:
+    table = meta()
+    lengths = breakdown_table(table, SPEC).totals
+    plan = plan_buckets(lengths, COST, BUDGET, max_buckets=3, multiple=8)
+    rows = table.to_pylist()
+    a = TokenBucketDataset(Seqs(lengths), metadata=lambda i: rows[i], spec=SPEC, plan=plan)
+
+    class WithColumn(Seqs):
+        def __getitem__(self, i: Any) -> Any:
+            return rows if i == "meta" else super().__getitem__(i)
+
+    b = TokenBucketDataset(WithColumn(lengths), metadata="meta", spec=SPEC, plan=plan)
+    assert np.array_equal(a.buckets, b.buckets) and np.array_equal(a.lengths, lengths)
+    with pytest.raises(ConfigError, match="no column 'nope'"):
+        TokenBucketDataset(Seqs(lengths), metadata="nope", spec=SPEC, plan=plan)
+
+
+def test_dataset_refuses_a_manifest_of_another_dataset(tmp_path: Path) -> None:
+    table = meta()
+    src = tmp_path / "m.parquet"
+    pq.write_table(table, src)
+    m = build_manifest(src, SPEC, COST, tmp_path / "manifest.parquet", budget_bytes=BUDGET)
+    lengths = m.table.column("total").to_numpy()
+    ok = TokenBucketDataset(Seqs(lengths), metadata=table, spec=SPEC, manifest=m)
+    assert np.array_equal(ok.buckets, m.table.column("bucket").to_numpy())
+    keys = table.column("key").to_pylist()
+    keys[17] = "zzz"
+    with pytest.raises(ConfigError, match=r"index 17 has key 'zzz' in the dataset but 's017' in the manifest"):
+        TokenBucketDataset(Seqs(lengths), metadata=table.set_column(0, "key", pa.array(keys)), spec=SPEC, manifest=m)
+    with pytest.raises(ConfigError, match="60 rows but the dataset has 59"):
+        TokenBucketDataset(Seqs(lengths[:59]), spec=SPEC, manifest=m)
+
+
+def test_dataset_sampler_collate_in_a_dataloader_with_workers() -> None:
+    data, _ = setup()
+    loader = DataLoader(data, batch_sampler=data.sampler(seed=2), collate_fn=BucketCollate(data), num_workers=2)
+    seen = sorted(int(i) for batch in loader for i in batch["index"].tolist() if i >= 0)
+    assert seen == list(range(len(data)))
