@@ -217,9 +217,11 @@ def test_sampler_coverage_and_equal_steps_properties(counts: list[int], sizes: l
     buckets = np.repeat(np.arange(len(counts)), counts)
     buckets = buckets[np.random.default_rng(seed).permutation(len(buckets))]
     n = len(buckets)
-    steps, dropped = epoch_steps(buckets, sizes[: len(counts)], seed=seed, epoch=0, plan_id=PLAN_ID,
-                                 world_size=world, sync_buckets=sync, drop_last=drop_last)
-    assert all(len(step) == world for step in steps)  # every rank has a batch at every step
+    epoch = epoch_steps(buckets, sizes[: len(counts)], seed=seed, epoch=0, plan_id=PLAN_ID,
+                        world_size=world, sync_buckets=sync, drop_last=drop_last)
+    dropped = epoch.dropped
+    steps = [[np.array(epoch.batch(s, r)) for r in range(world)] for s in range(len(epoch))]
+    assert epoch.steps.shape == (len(epoch), world)  # every rank has a batch at every step
     real = [i for step in steps for b in step for i in b.tolist() if i < n]
     assert len(real) == len(set(real))
     assert len(real) + dropped == n

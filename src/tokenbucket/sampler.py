@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from torch.utils.data import Sampler
 
 from tokenbucket._exceptions import ConfigError
 
-__all__ = ["EMPTY_ROW", "BucketBatchSampler", "epoch_steps"]
+__all__ = ["EMPTY_ROW", "BucketBatchSampler", "Epoch", "epoch_steps"]
 
 #: Indices at or above ``num_samples`` are empty rows: ``num_samples + bucket``.
 EMPTY_ROW = "num_samples + bucket"
@@ -42,6 +43,28 @@ EMPTY_ROW = "num_samples + bucket"
 def _rng(seed: int, epoch: int, plan_id: str) -> np.random.Generator:
     # the plan id enters the seed, so two plans never share an order by accident
     return np.random.default_rng([seed, epoch, int(plan_id[:15], 16)])
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """One epoch for all ranks, compact: batch ``b`` is ``perm[starts[b]:starts[b + 1]]``, and
+    ``steps[s, r]`` is rank r's batch at step s (``-1 - k``: one empty row of bucket ``k``)."""
+
+    perm: np.ndarray
+    starts: np.ndarray
+    batch_bucket: np.ndarray
+    steps: np.ndarray
+    dropped: int
+    num_samples: int
+
+    def batch(self, step: int, rank: int) -> list[int]:
+        b = int(self.steps[step, rank])
+        if b < 0:
+            return [self.num_samples + (-1 - b)]
+        return self.perm[self.starts[b]:self.starts[b + 1]].tolist()  # type: ignore[no-any-return]
+
+    def __len__(self) -> int:
+        return int(self.steps.shape[0])
 
 
 def epoch_steps(
@@ -56,26 +79,28 @@ def epoch_steps(
     drop_last: bool = False,
     shuffle: bool = True,
     dynamic: Any = None,
-) -> tuple[list[list[np.ndarray]], int]:
-    """All ranks' batches of one epoch, grouped in steps: ``steps[s][r]`` is rank r's batch.
+    order: np.ndarray | None = None,
+) -> Epoch:
+    """All ranks' batches of one epoch (see the module docstring).
 
     Args:
         buckets: bucket index of every sample (``-1``: not in the epoch).
         batch_sizes: static batch size per bucket.
         dynamic: ``(lengths, cost_model, budget_bytes, pool_batches)`` for dynamic batching.
-
-    Returns:
-        ``(steps, dropped)`` — ``dropped`` counts samples left out under ``drop_last``.
+        order: ``np.argsort(buckets, kind="stable")``, when the caller keeps it between epochs.
     """
     n = len(buckets)
     rng = _rng(seed, epoch, plan_id)
-    order = np.argsort(buckets, kind="stable")
+    if order is None:
+        order = np.argsort(buckets, kind="stable")
     counts = np.bincount(buckets[buckets >= 0], minlength=len(batch_sizes))
-    start = int((buckets < 0).sum())
-    groups: list[list[np.ndarray]] = []  # per bucket, its batches
+    offset = int((buckets < 0).sum())
+    perms, starts, batch_bucket, groups = [], [], [], []
+    first_batch = 0
+    base = 0
     for k, count in enumerate(counts.tolist()):
-        members = order[start:start + count]
-        start += count
+        members = order[offset:offset + count]
+        offset += count
         if shuffle:
             members = members[rng.permutation(count)]
         if dynamic is not None:
@@ -83,38 +108,52 @@ def epoch_steps(
 
             lengths, cost, budget, pool_batches = dynamic
             cut = dynamic_batches(lengths[members], cost, budget, pool_batches=pool_batches, rng=rng)
-            groups.append([members[c] for c in cut])
+            members = members[np.concatenate(cut)] if cut else members
+            sizes = np.array([len(c) for c in cut], dtype=np.int64)
+            local = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
         else:
-            b = int(batch_sizes[k])
-            groups.append([members[i:i + b] for i in range(0, count, b)])
+            local = np.arange(0, count, int(batch_sizes[k]), dtype=np.int64)
+        perms.append(members)
+        starts.append(base + local)
+        batch_bucket.append(np.full(len(local), k, dtype=np.int64))
+        groups.append(np.arange(first_batch, first_batch + len(local), dtype=np.int64))
+        first_batch += len(local)
+        base += count
+    perm = np.concatenate(perms) if perms else np.zeros(0, np.int64)
+    starts_all = np.concatenate([*starts, [base]]).astype(np.int64)
+    bucket_of = np.concatenate(batch_bucket) if batch_bucket else np.zeros(0, np.int64)
+
+    def batch_len(ids: np.ndarray) -> int:
+        return int((starts_all[ids + 1] - starts_all[ids]).sum())
 
     dropped = 0
-    steps: list[list[np.ndarray]] = []
+    w = world_size
     if sync_buckets:
-        for k, batches in enumerate(groups):
-            for i in range(0, len(batches), world_size):
-                step = batches[i:i + world_size]
-                if len(step) < world_size:
-                    if drop_last:
-                        dropped += sum(len(b) for b in step)
-                        continue
-                    step = step + [np.array([n + k])] * (world_size - len(step))
-                steps.append(step)
+        rows = []
+        for k, ids in enumerate(groups):
+            tail = len(ids) % w
+            if tail and drop_last:
+                dropped += batch_len(ids[-tail:])
+                ids = ids[:-tail]
+            elif tail:
+                ids = np.concatenate([ids, np.full(w - tail, -1 - k, dtype=np.int64)])
+            rows.append(ids.reshape(-1, w))
+        steps = np.concatenate(rows) if rows else np.zeros((0, w), np.int64)
         if shuffle:
-            steps = [steps[i] for i in rng.permutation(len(steps))]
+            steps = steps[rng.permutation(len(steps))]
     else:
-        flat = [(k, b) for k, batches in enumerate(groups) for b in batches]
+        ids = np.concatenate(groups) if groups else np.zeros(0, np.int64)
         if shuffle:
-            flat = [flat[i] for i in rng.permutation(len(flat))]
-        tail = len(flat) % world_size
+            ids = ids[rng.permutation(len(ids))]
+        tail = len(ids) % w
         if tail and drop_last:
-            dropped = sum(len(b) for _, b in flat[-tail:])
-            flat = flat[:-tail]
+            dropped = batch_len(ids[-tail:])
+            ids = ids[:-tail]
         elif tail:
-            k_last = flat[-1][0]
-            flat += [(k_last, np.array([n + k_last]))] * (world_size - tail)
-        steps = [[b for _, b in flat[i:i + world_size]] for i in range(0, len(flat), world_size)]
-    return steps, dropped
+            k_last = int(bucket_of[ids[-1]])
+            ids = np.concatenate([ids, np.full(w - tail, -1 - k_last, dtype=np.int64)])
+        steps = ids.reshape(-1, w)
+    return Epoch(perm, starts_all, bucket_of, steps, dropped, n)
 
 
 class BucketBatchSampler(Sampler[list[int]]):
@@ -173,7 +212,9 @@ class BucketBatchSampler(Sampler[list[int]]):
         self.epoch = 0
         self.step = 0  # batches yielded this epoch (this rank)
         self._resume_step = 0
-        self._cache: tuple[int, list[list[np.ndarray]], int] | None = None
+        self._cache: Epoch | None = None
+        self._cache_epoch = -1
+        self._order: np.ndarray | None = None
         self.dropped = 0
 
     @classmethod
@@ -194,16 +235,18 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     # -- the epoch ---------------------------------------------------------------------------
 
-    def _steps(self) -> list[list[np.ndarray]]:
-        if self._cache is None or self._cache[0] != self.epoch:
-            steps, dropped = epoch_steps(
+    def _epoch(self) -> Epoch:
+        if self._cache is None or self._cache_epoch != self.epoch:
+            if self._order is None:  # the same every epoch: sort once
+                self._order = np.argsort(self.buckets, kind="stable")
+            self._cache = epoch_steps(
                 self.buckets, self.batch_sizes, seed=self.seed, epoch=self.epoch, plan_id=self.plan_id,
                 world_size=self.world_size, sync_buckets=self.sync_buckets, drop_last=self.drop_last,
-                shuffle=self.shuffle, dynamic=self.dynamic,
+                shuffle=self.shuffle, dynamic=self.dynamic, order=self._order,
             )
-            self._cache = (self.epoch, steps, dropped)
-        self.dropped = self._cache[2]
-        return self._cache[1]
+            self._cache_epoch = self.epoch
+        self.dropped = self._cache.dropped
+        return self._cache
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (call it before each epoch, as with ``DistributedSampler``)."""
@@ -214,16 +257,16 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         """Batches this rank yields in the current epoch (the same on every rank)."""
-        return len(self._steps())
+        return len(self._epoch())
 
     def __iter__(self) -> Iterator[list[int]]:
-        steps = self._steps()
+        epoch = self._epoch()
         start = self._resume_step
         self._resume_step = 0
         self.step = start
-        for s in range(start, len(steps)):
+        for s in range(start, len(epoch)):
             self.step = s + 1
-            yield steps[s][self.rank].tolist()
+            yield epoch.batch(s, self.rank)
 
     # -- state -------------------------------------------------------------------------------
 
