@@ -13,12 +13,21 @@ The data flow, one module per stage::
        │                         on the user's model or the reference block (reference.py)
        ▼
     ledger.py    one sample's tokens as bytes and FLOPs, with what-ifs
-    (next stages: planner → manifest → sampler / collate → monitor)
+       ▼
+    plan.py      bucket bounds and batch sizes that fit the budget (BucketPlan)
+       ▼
+    manifest.py  one Parquet row per sample + the plan: the contract with training
+       ▼
+    sampler.py   BucketBatchSampler: deterministic, DDP-correct, resumable batches
+    collate.py   TokenBucketDataset + BucketCollate: bucket shapes, masks, BatchInfo
+    (next stages: streaming, monitor)
 
 ``cli.py`` holds the ``tokenbucket`` command; ``testing.py`` the seeded reference workloads.
-``profile`` and ``reference`` import torch, so they are imported on use, not here.
+Every public name is imported on first use (NOTE [ Lazy public API ]).
 Errors form one family rooted at :class:`TokenbucketError` (see ``_exceptions.py``).
 """
+
+from typing import TYPE_CHECKING, Any
 
 from tokenbucket._exceptions import (
     ConfigError,
@@ -29,19 +38,42 @@ from tokenbucket._exceptions import (
     MissingColumnError,
     TokenbucketError,
 )
-from tokenbucket.breakdown import (
-    Breakdowns,
-    CameraTokens,
-    TokenBreakdown,
-    breakdown_sample,
-    breakdown_table,
-)
-from tokenbucket.cost import CostModel, FlopsEstimate, MemoryEstimate
-from tokenbucket.gpus import GPU, GPUS, get_gpu, gpu_budget_bytes
-from tokenbucket.ledger import ledger_with_whatifs, shape_ledger
-from tokenbucket.metadata import read_metadata
-from tokenbucket.model import ModelSpec
-from tokenbucket.spec import CameraSpec, ColumnMap, CountRule, TokenSpec
+
+# NOTE [ Lazy public API ]
+# Each name is imported from its module on first use, so a process that needs one stage (a
+# sampler in a training job, the cost model in a notebook) does not pay for the others'
+# imports (pyarrow alone is ~27 MiB; see benchmarks/bench_sampler.py).
+_LAZY = {
+    "Breakdowns": "breakdown", "CameraTokens": "breakdown", "TokenBreakdown": "breakdown",
+    "breakdown_sample": "breakdown", "breakdown_table": "breakdown",
+    "CostModel": "cost", "FlopsEstimate": "cost", "MemoryEstimate": "cost",
+    "GPU": "gpus", "GPUS": "gpus", "get_gpu": "gpus", "gpu_budget_bytes": "gpus",
+    "ledger_with_whatifs": "ledger", "shape_ledger": "ledger",
+    "read_metadata": "metadata",
+    "ModelSpec": "model",
+    "CameraSpec": "spec", "ColumnMap": "spec", "CountRule": "spec", "TokenSpec": "spec",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tokenbucket' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"tokenbucket.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from tokenbucket.breakdown import Breakdowns, CameraTokens, TokenBreakdown, breakdown_sample, breakdown_table
+    from tokenbucket.cost import CostModel, FlopsEstimate, MemoryEstimate
+    from tokenbucket.gpus import GPU, GPUS, get_gpu, gpu_budget_bytes
+    from tokenbucket.ledger import ledger_with_whatifs, shape_ledger
+    from tokenbucket.metadata import read_metadata
+    from tokenbucket.model import ModelSpec
+    from tokenbucket.spec import CameraSpec, ColumnMap, CountRule, TokenSpec
 
 __version__ = "0.1.0"
 

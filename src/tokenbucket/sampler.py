@@ -237,8 +237,9 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     def _epoch(self) -> Epoch:
         if self._cache is None or self._cache_epoch != self.epoch:
-            if self._order is None:  # the same every epoch: sort once
-                self._order = np.argsort(self.buckets, kind="stable")
+            if self._order is None:  # the same every epoch: sort once (int32 halves the memory)
+                order = np.argsort(self.buckets, kind="stable")
+                self._order = order.astype(np.int32) if len(order) < 2**31 else order
             self._cache = epoch_steps(
                 self.buckets, self.batch_sizes, seed=self.seed, epoch=self.epoch, plan_id=self.plan_id,
                 world_size=self.world_size, sync_buckets=self.sync_buckets, drop_last=self.drop_last,
