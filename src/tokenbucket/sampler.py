@@ -45,6 +45,12 @@ def _rng(seed: int, epoch: int, plan_id: str) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, int(plan_id[:15], 16)])
 
 
+def members_by_bucket(buckets: np.ndarray, num_buckets: int) -> list[np.ndarray]:
+    """Each bucket's sample indices in index order (int32 where they fit: half the memory)."""
+    dtype = np.int32 if len(buckets) < 2**31 else np.int64
+    return [np.flatnonzero(buckets == k).astype(dtype) for k in range(num_buckets)]
+
+
 @dataclass(frozen=True)
 class Epoch:
     """One epoch for all ranks, compact: batch ``b`` is ``perm[starts[b]:starts[b + 1]]``, and
@@ -79,7 +85,7 @@ def epoch_steps(
     drop_last: bool = False,
     shuffle: bool = True,
     dynamic: Any = None,
-    order: np.ndarray | None = None,
+    order: list[np.ndarray] | None = None,
 ) -> Epoch:
     """All ranks' batches of one epoch (see the module docstring).
 
@@ -87,20 +93,17 @@ def epoch_steps(
         buckets: bucket index of every sample (``-1``: not in the epoch).
         batch_sizes: static batch size per bucket.
         dynamic: ``(lengths, cost_model, budget_bytes, pool_batches)`` for dynamic batching.
-        order: ``np.argsort(buckets, kind="stable")``, when the caller keeps it between epochs.
+        order: :func:`members_by_bucket` of ``buckets``, when the caller keeps it between epochs.
     """
     n = len(buckets)
     rng = _rng(seed, epoch, plan_id)
     if order is None:
-        order = np.argsort(buckets, kind="stable")
-    counts = np.bincount(buckets[buckets >= 0], minlength=len(batch_sizes))
-    offset = int((buckets < 0).sum())
+        order = members_by_bucket(buckets, len(batch_sizes))
     perms, starts, batch_bucket, groups = [], [], [], []
     first_batch = 0
     base = 0
-    for k, count in enumerate(counts.tolist()):
-        members = order[offset:offset + count]
-        offset += count
+    for k, members in enumerate(order):
+        count = len(members)
         if shuffle:
             members = members[rng.permutation(count)]
         if dynamic is not None:
@@ -214,7 +217,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         self._resume_step = 0
         self._cache: Epoch | None = None
         self._cache_epoch = -1
-        self._order: np.ndarray | None = None
+        self._order: list[np.ndarray] | None = None
         self.dropped = 0
 
     @classmethod
@@ -237,9 +240,8 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     def _epoch(self) -> Epoch:
         if self._cache is None or self._cache_epoch != self.epoch:
-            if self._order is None:  # the same every epoch: sort once (int32 halves the memory)
-                order = np.argsort(self.buckets, kind="stable")
-                self._order = order.astype(np.int32) if len(order) < 2**31 else order
+            if self._order is None:  # the same every epoch: group once
+                self._order = members_by_bucket(self.buckets, len(self.batch_sizes))
             self._cache = epoch_steps(
                 self.buckets, self.batch_sizes, seed=self.seed, epoch=self.epoch, plan_id=self.plan_id,
                 world_size=self.world_size, sync_buckets=self.sync_buckets, drop_last=self.drop_last,
