@@ -12,7 +12,7 @@ Each epoch is a pure function of ``(seed, epoch, plan id, world_size)``; a rank 
 
 NOTE [ Nothing lost, equal steps ]
 A bucket whose last step has fewer batches than ranks gives the missing ranks a batch with one
-*empty row* (index ``num_samples + bucket``, see :data:`EMPTY_ROW`): every rank takes the same
+*empty row* (index ``num_samples + bucket``, see :func:`empty_row`): every rank takes the same
 number of steps, every sample appears exactly once per epoch across ranks, and the collate pads
 the empty row like any other (static mode keeps the bucket's shape). With ``drop_last=True``
 those incomplete last steps are dropped instead and their samples counted in ``dropped``.
@@ -34,10 +34,12 @@ from torch.utils.data import Sampler
 
 from tokenbucket._exceptions import ConfigError
 
-__all__ = ["EMPTY_ROW", "BucketBatchSampler", "Epoch", "epoch_steps"]
+__all__ = ["BucketBatchSampler", "Epoch", "empty_row", "epoch_steps", "members_by_bucket"]
 
-#: Indices at or above ``num_samples`` are empty rows: ``num_samples + bucket``.
-EMPTY_ROW = "num_samples + bucket"
+
+def empty_row(num_samples: int, bucket: int) -> int:
+    """The index that stands for one empty row of ``bucket`` (NOTE [ Nothing lost, equal steps ])."""
+    return num_samples + bucket
 
 
 def _rng(seed: int, epoch: int, plan_id: str) -> np.random.Generator:
@@ -66,7 +68,7 @@ class Epoch:
     def batch(self, step: int, rank: int) -> list[int]:
         b = int(self.steps[step, rank])
         if b < 0:
-            return [self.num_samples + (-1 - b)]
+            return [empty_row(self.num_samples, -1 - b)]
         return self.perm[self.starts[b]:self.starts[b + 1]].tolist()  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
