@@ -135,6 +135,9 @@ class TokenBucketDataset(Dataset[Any]):
             self.breakdowns = result.table
             self.buckets = plan.assign(result.totals)
         self.lengths = self.breakdowns.column("total").fill_null(0).to_numpy()
+        # per-modality counts as arrays, once: the collate sums them for every batch
+        self.modality_tokens = {name: self.breakdowns.column(name).fill_null(0).to_numpy()
+                                for name in ("vision", *MODALITIES)}
         self._metadata = table
         self._meta_fn = metadata if callable(metadata) else None
 
@@ -260,8 +263,7 @@ class BucketCollate:
             row_mask[r] = True
             index[r] = i
         idx = [i for i, _ in real]
-        sums = {name: int(data.breakdowns.column(name).to_numpy()[idx].sum()) if idx else 0
-                for name in ("vision", *MODALITIES)}
+        sums = {name: int(values[idx].sum()) if idx else 0 for name, values in data.modality_tokens.items()}
         real_tokens = int(sum(s.shape[0] for s in seqs))
         peak = (int(self.cost_model.memory(rows, length).total) if self.cost_model is not None
                 else plan.buckets[bucket].predicted_peak_bytes)
