@@ -8,12 +8,31 @@ from typing import Any
 import numpy as np
 
 
-def max_batch_table(cost: Any, lengths: np.ndarray, budget: int) -> np.ndarray:
-    """The largest batch at each length, via the planner's monotone search over the distinct ones."""
-    from tokenbucket.plan import _max_batches
+def max_batches_at(cost: Any, bounds: np.ndarray, budget: int) -> np.ndarray:
+    """Largest batch at each (ascending) bound. Memory grows with length, so the largest batch
+    shrinks: start each search from the previous answer (one or two checks per bound)."""
+    out = np.zeros(len(bounds), dtype=np.int64)
+    prev: int | None = None
+    for i, bound in enumerate(bounds.tolist()):
+        if prev is None:
+            prev = cost.max_batch(bound, budget)
+        elif prev > 0 and cost.memory(prev, bound).total > budget:
+            lo, hi = 0, prev  # fits(lo) (or lo = 0), not fits(hi)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if cost.memory(mid, bound).total <= budget:
+                    lo = mid
+                else:
+                    hi = mid
+            prev = lo
+        out[i] = prev
+    return out
 
+
+def max_batch_table(cost: Any, lengths: np.ndarray, budget: int) -> np.ndarray:
+    """The largest batch at each length, via :func:`max_batches_at` over the distinct ones."""
     values, inverse = np.unique(lengths, return_inverse=True)
-    return _max_batches(cost, values, budget)[inverse]
+    return max_batches_at(cost, values, budget)[inverse]
 
 
 def dynamic_batches(

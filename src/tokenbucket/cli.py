@@ -540,15 +540,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     spec = TokenSpec(patch=14)
     print(f"2. token spec: patch {spec.patch}, resize {spec.resize}; text/proprio/action/memory from columns")
     start = time.perf_counter()
-    result = breakdown_table(read_metadata(path), spec, per_camera=True)
+    table = read_metadata(path)
+    result = breakdown_table(table, spec)
     seconds = time.perf_counter() - start
     print(f"3. read + validated + counted in {seconds:.2f} s ({args.samples / seconds:,.0f} rows/s)\n")
-    _print_summary(result.summary(), str(path))
+    summary = result.summary()
+    _print_summary(summary, str(path))
     print("\nL_total histogram (log2 bins; the tail is what a fixed batch size OOMs on):")
     print(_histogram(result.totals))
     biggest = result.table.sort_by([("total", "descending")]).slice(0, 3).to_pylist()
     print("\nlargest samples (the ones that OOM a naive batch):")
-    meta = read_metadata(path).take([r["index"] for r in biggest]).to_pylist()
+    meta = table.take([r["index"] for r in biggest]).to_pylist()
     for r, m in zip(biggest, meta, strict=True):
         print(f"  {r['key']}: {m['cameras']} cameras x {m['frames']} frames x {m['height']}px "
               f"-> {r['total']:,} tokens (vision {r['vision']:,})")
@@ -559,7 +561,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     model = ModelSpec.preset("design-24L-1024")
     cost = CostModel(model, "H100-SXM")
     budget = gpu_budget_bytes("H100-SXM")
-    summary = result.summary()
     print(f"\non {model.name} ({model.precision}, {model.attention} attention, training) on an H100-SXM "
           f"(budget {_gib(budget)}):")
     for label in ("p50", "p90", "p99", "max"):
@@ -567,7 +568,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         print(f"  {label} sample, {length:>7,} tokens: {_gib(cost.memory(1, length).total):>10} alone, "
               f"largest batch {cost.max_batch(length, budget)}")
     wd = dataclasses.replace(spec, tubelet=2)
-    halved = breakdown_table(read_metadata(path), wd).summary()
+    halved = breakdown_table(table, wd).summary()
     print(f"(with tubelet=2 the p99 would drop from {summary['p99']:,} to {halved['p99']:,} tokens)")
 
     from tokenbucket.manifest import build_manifest
@@ -576,8 +577,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print(f"\n4. planning at most 32 static shapes under the H100 budget; samples that fit not even alone "
           f"are rejected with their reason -> {manifest_path}")
     start = time.perf_counter()
+    # build_manifest records the cost model's model and GPU itself
     manifest = build_manifest(path, spec, cost, manifest_path, budget_bytes=budget, on_oversize="reject",
-                              meta={"model": model.to_dict(), "gpu": "H100-SXM"}, progress=False)
+                              progress=False)
     print(f"   planned and written in {time.perf_counter() - start:.2f} s\n")
     _print_plan(manifest.plan)
     return 0

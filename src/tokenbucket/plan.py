@@ -39,6 +39,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from tokenbucket._batching import dynamic_batches, max_batches_at
 from tokenbucket._exceptions import ConfigError, TokenbucketError
 
 __all__ = [
@@ -227,27 +228,6 @@ def _step_cost(cost: Any, batch: int, length: int) -> float:
     return float(cost.flops(batch, length).training) / 1e15
 
 
-def _max_batches(cost: SupportsCost, bounds: np.ndarray, budget: int) -> np.ndarray:
-    """Largest batch at each (ascending) bound. Memory grows with length, so the largest batch
-    shrinks: start each search from the previous answer (one or two checks per bound)."""
-    out = np.zeros(len(bounds), dtype=np.int64)
-    prev: int | None = None
-    for i, bound in enumerate(bounds.tolist()):
-        if prev is None:
-            prev = cost.max_batch(bound, budget)
-        elif prev > 0 and cost.memory(prev, bound).total > budget:
-            lo, hi = 0, prev  # fits(lo) (or lo = 0), not fits(hi)
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if cost.memory(mid, bound).total <= budget:
-                    lo = mid
-                else:
-                    hi = mid
-            prev = lo
-        out[i] = prev
-    return out
-
-
 def _candidates(hist: LengthHistogram, max_candidates: int, multiple: int) -> np.ndarray:
     """Candidate bounds: every distinct length rounded up to ``multiple``, compressed to at most
     ``max_candidates`` by keeping equal-count quantiles and a geometric grid; the top always stays."""
@@ -347,7 +327,7 @@ def plan_buckets(
     # rounding up to `multiple` must not cross the longest length that fits alone
     cap = _longest_fitting(cost_model, int(cands[-1]), budget_bytes)
     cands = np.unique(np.minimum(cands, cap))
-    bsz = _max_batches(cost_model, cands, budget_bytes)
+    bsz = max_batches_at(cost_model, cands, budget_bytes)
     usable = bsz > 0
     cands, bsz = cands[usable], bsz[usable]
     if not len(cands) or cands[-1] < hist.values[-1]:
@@ -448,8 +428,6 @@ def _simulate_dynamic(
 ) -> list[tuple[int, int, float]]:
     """Per bucket ``(batches, padded tokens, seconds)`` of dynamic batching (see the module
     docstring): shuffled pools, sorted, cut greedily while the batch at its longest fits."""
-    from tokenbucket._batching import dynamic_batches
-
     rng = np.random.default_rng(seed)
     bucket_of = np.searchsorted(bounds, lengths, side="left")
     out = []
