@@ -5,11 +5,15 @@ can catch them all in one place and still tell them apart::
 
     TokenbucketError
      ├── ConfigError            a spec or option is invalid (names the field and the value)
+     ├── OOMRiskError           a batch predicted above the risk threshold (``on_risk="raise"``)
      └── MetadataError          a metadata row is invalid (names row, key, column and value)
           ├── MissingColumnError    a required column is absent from the table
           ├── InvalidValueError     null, NaN, negative, non-integer or out-of-range value
           ├── DuplicateKeyError     a key already used by an earlier row
           └── ImageTooSmallError    under ``resize="crop"`` the image holds no whole patch
+
+Warnings: :class:`OOMRiskWarning` (a risky batch, a batch size lowered after an OOM) and
+:class:`PlanDriftWarning` (measured memory above the plan's prediction).
 
 ``ConfigError`` and ``MetadataError`` are also ``ValueError``s, so code that already catches
 ``ValueError`` keeps working.
@@ -26,6 +30,9 @@ __all__ = [
     "InvalidValueError",
     "MetadataError",
     "MissingColumnError",
+    "OOMRiskError",
+    "OOMRiskWarning",
+    "PlanDriftWarning",
     "TokenbucketError",
 ]
 
@@ -36,6 +43,18 @@ class TokenbucketError(Exception):
 
 class ConfigError(TokenbucketError, ValueError):
     """An invalid spec, option or config file entry."""
+
+
+class OOMRiskError(TokenbucketError):
+    """A batch whose predicted peak is above the risk threshold, refused before it reaches the GPU."""
+
+
+class OOMRiskWarning(UserWarning):
+    """A batch predicted above the risk threshold (``on_risk="warn"``), or a batch size lowered after an OOM."""
+
+
+class PlanDriftWarning(UserWarning):
+    """Measured peaks have risen past the predicted ones by more than the monitor's margin."""
 
 
 class MetadataError(TokenbucketError, ValueError):

@@ -9,6 +9,7 @@
     tokenbucket plan METADATA... [--config F] [--gpu NAME | --budget-gib X] [--max-buckets K]
                      [--mode static|dynamic] [--on-oversize error|reject] --out manifest.parquet [--json]
     tokenbucket inspect manifest.parquet [--json] [--plot hist.png]
+    tokenbucket report RUN.jsonl [--json] [--out DIR]
     tokenbucket demo [--out DIR] [--samples N] [--seed S]
 
 Every :class:`~tokenbucket.spec.TokenSpec` field has a flag, so a quick question needs no
@@ -484,6 +485,27 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from tokenbucket.monitor import format_summary, summarize_events
+    from tokenbucket.report import read_events, write_report
+
+    log = read_events(args.run)
+    rows = summarize_events(log.events)
+    counts = log.counts()
+    if args.json:
+        print(json.dumps({"buckets": rows, "events": counts, "partial_last_line": log.partial_last_line}))
+    else:
+        print(format_summary(rows))
+        print(f"events: {len(log.of('step')):,} steps, " + ", ".join(f"{k} {n:,}" for k, n in counts.items()))
+        if log.partial_last_line:
+            print(f"note: the last line of {args.run} was cut short (killed run?) and was skipped")
+    if args.out is not None:
+        files = write_report(log, args.out)
+        if not args.json:
+            print(f"report written to {files.html} (plots beside it)")
+    return 0
+
+
 def _plot_histogram(manifest: Any, path: Path) -> None:
     try:
         import matplotlib
@@ -654,6 +676,12 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_.add_argument("--json", action="store_true")
     inspect_.add_argument("--plot", type=Path, help="write a PNG histogram with the bucket bounds")
     inspect_.set_defaults(func=_cmd_inspect)
+
+    report = sub.add_parser("report", help="per-bucket latency, memory and risk of a training run's JSONL log")
+    report.add_argument("run", type=Path, help="the monitor's RUN.jsonl")
+    report.add_argument("--json", action="store_true")
+    report.add_argument("--out", type=Path, help="also write four PNG plots and a self-contained report.html here")
+    report.set_defaults(func=_cmd_report)
 
     demo = sub.add_parser("demo", help="the main job on a realistic multi-camera dataset")
     demo.add_argument("--out", default="tokenbucket-demo", help="directory for the demo's files")

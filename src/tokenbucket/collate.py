@@ -10,6 +10,7 @@ Token layout (NOTE [ Token layout ])
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -192,7 +193,13 @@ def _metadata_table(dataset: Any, metadata: Any, n: int) -> pa.Table | None:
 
 @dataclass(frozen=True)
 class BatchInfo:
-    """What the monitor reads about a batch."""
+    """What the monitor reads about a batch.
+
+    ``tokens`` sums the batch's real tokens by modality; ``indices``, ``lengths`` and
+    ``row_tokens`` (counts in the order of ``tokens``) are per real row, in row order, so a part
+    of the batch (:meth:`subset`) is described exactly. ``cameras`` (tokens per camera name) is
+    filled only for a batch flagged as risky, where the report needs it.
+    """
 
     bucket: int
     shape: tuple[int, int]
@@ -202,6 +209,30 @@ class BatchInfo:
     padded_tokens: int
     predicted_peak_bytes: int
     risk: float
+    indices: tuple[int, ...] = ()
+    lengths: tuple[int, ...] = ()
+    row_tokens: tuple[tuple[int, ...], ...] = ()
+    cameras: dict[str, int] | None = None
+
+    def subset(self, rows: Sequence[int], *, length: int | None = None, predicted_peak_bytes: int | None = None,
+               budget_bytes: int | None = None) -> BatchInfo:
+        """The info of real rows ``rows`` as a batch of their own (``length``: its padded length).
+
+        Without a new prediction the parent's peak is kept (an overestimate: a part is smaller).
+        """
+        rows = list(rows)
+        length = self.shape[1] if length is None else length
+        names = list(self.tokens)
+        tokens = {name: sum(self.row_tokens[r][j] for r in rows) for j, name in enumerate(names)}
+        peak = self.predicted_peak_bytes if predicted_peak_bytes is None else predicted_peak_bytes
+        budget = self.predicted_peak_bytes / self.risk if budget_bytes is None and self.risk else budget_bytes
+        return BatchInfo(
+            bucket=self.bucket, shape=(len(rows), length), keys=tuple(self.keys[r] for r in rows), tokens=tokens,
+            real_tokens=sum(self.lengths[r] for r in rows), padded_tokens=len(rows) * length,
+            predicted_peak_bytes=peak, risk=peak / budget if budget else self.risk,
+            indices=tuple(self.indices[r] for r in rows), lengths=tuple(self.lengths[r] for r in rows),
+            row_tokens=tuple(self.row_tokens[r] for r in rows), cameras=None,
+        )
 
 
 class BucketCollate:
@@ -220,9 +251,21 @@ class BucketCollate:
     """
 
     def __init__(self, data: TokenBucketDataset, *, tokens_key: str = "tokens", pad_value: float = 0,
-                 cost_model: Any = None, with_layout: bool = False) -> None:
+                 cost_model: Any = None, with_layout: bool = False, risk_threshold: float = 1.0,
+                 on_risk: str = "warn") -> None:
+        from tokenbucket.risk import check_risk_options, static_split
+
+        check_risk_options(risk_threshold, on_risk)
         self.data, self.tokens_key, self.pad_value = data, tokens_key, pad_value
         self.cost_model, self.with_layout = cost_model, with_layout
+        self.risk_threshold, self.on_risk = float(risk_threshold), on_risk
+        self._split_rows: list[int] | None = None
+        if on_risk == "split":
+            if cost_model is None:
+                raise ConfigError("on_risk='split' needs cost_model= to predict the parts of a batch")
+            if data.plan.mode == "static":  # the rows a static part is padded to (NOTE [ Risk before the GPU ])
+                self._split_rows = [static_split(data.plan, cost_model, k, self.risk_threshold)[1]
+                                    for k in range(len(data.plan.buckets))]
 
     def _template(self) -> torch.Tensor:
         # a batch of empty rows only: take the per-token shape and dtype from a real sample
@@ -250,8 +293,13 @@ class BucketCollate:
             seqs.append(t)
         if plan.mode == "static":
             rows, length = plan.buckets[bucket].batch_size, plan.buckets[bucket].bound
+            if self._split_rows is not None:
+                rows = self._split_rows[bucket]
         else:
             rows, length = len(batch), max((s.shape[0] for s in seqs), default=1)
+        if len(batch) > rows:
+            raise ConfigError(f"a batch of {len(batch)} samples for bucket {bucket}, whose batches hold {rows}: "
+                              f"the sampler and the collate disagree (a RiskSplitSampler without on_risk='split'?)")
         template = seqs[0] if seqs else self._template()
         tokens = torch.full((rows, length, *template.shape[1:]), self.pad_value, dtype=template.dtype)
         attention = torch.zeros(rows, length, dtype=torch.bool)
@@ -263,15 +311,34 @@ class BucketCollate:
             row_mask[r] = True
             index[r] = i
         idx = [i for i, _ in real]
-        sums = {name: int(values[idx].sum()) if idx else 0 for name, values in data.modality_tokens.items()}
-        real_tokens = int(sum(s.shape[0] for s in seqs))
+        per_row = {name: values[idx].tolist() for name, values in data.modality_tokens.items()}
+        sums = {name: int(sum(v)) for name, v in per_row.items()}
+        lengths = tuple(int(s.shape[0]) for s in seqs)
         peak = (int(self.cost_model.memory(rows, length).total) if self.cost_model is not None
                 else plan.buckets[bucket].predicted_peak_bytes)
         info = BatchInfo(bucket=bucket, shape=(rows, length), keys=tuple(data.key(i) for i in idx), tokens=sums,
-                         real_tokens=real_tokens, padded_tokens=rows * length, predicted_peak_bytes=peak,
-                         risk=peak / plan.budget_bytes)
+                         real_tokens=sum(lengths), padded_tokens=rows * length, predicted_peak_bytes=peak,
+                         risk=peak / plan.budget_bytes, indices=tuple(idx), lengths=lengths,
+                         row_tokens=tuple(zip(*per_row.values(), strict=True)) if idx else ())
+        if info.risk > self.risk_threshold:  # NOTE [ Risk before the GPU ]
+            from tokenbucket.risk import apply_risk_policy
+
+            info = dataclasses.replace(info, cameras=self._camera_tokens(idx))
+            apply_risk_policy(info, self.risk_threshold, self.on_risk, can_split=len(idx) > 1)
         out: dict[str, Any] = {"tokens": tokens, "attention_mask": attention, "row_mask": row_mask,
                                "index": index, "info": info}
         if self.with_layout:
             out["layout"] = [token_layout(data.breakdown(i), data.spec) for i in idx]
+        return out
+
+    def _camera_tokens(self, idx: list[int]) -> dict[str, int] | None:
+        # per-camera counts need each sample's metadata: only for the rare flagged batch
+        try:
+            breakdowns = [self.data.breakdown(i) for i in idx]
+        except ConfigError:
+            return None
+        out: dict[str, int] = {}
+        for bd in breakdowns:
+            for cam in bd.cameras:
+                out[cam.name] = out.get(cam.name, 0) + cam.tokens
         return out
