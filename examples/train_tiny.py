@@ -1,13 +1,17 @@
-"""A plain PyTorch DataLoader fed by tokenbucket: a tiny multi-camera transformer, a few CPU steps.
+"""A plain PyTorch DataLoader fed by tokenbucket: a tiny multi-camera transformer, a few CPU steps,
+under the monitor.
 
-    python examples/train_tiny.py
+    python examples/train_tiny.py            # then: tokenbucket report runs/train_tiny.jsonl
 
 The dataset is synthetic (random token embeddings whose lengths follow their metadata), so the
-example runs anywhere; swap in your own dataset and model and keep the three tokenbucket parts:
-``TokenBucketDataset`` (breakdowns and buckets), its ``sampler()`` and ``BucketCollate``.
+example runs anywhere; swap in your own dataset and model and keep the four tokenbucket parts:
+``TokenBucketDataset`` (breakdowns and buckets), its ``sampler()``, ``BucketCollate`` and the
+``BucketMonitor`` (per-bucket latency and risk; its guard splits a batch that runs out of memory).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -16,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket.collate import BucketCollate, TokenBucketDataset
+from tokenbucket.monitor import BucketMonitor, format_summary
 from tokenbucket.plan import plan_buckets
 
 HIDDEN = 32
@@ -49,7 +54,7 @@ class SyntheticEpisodes(Dataset[dict[str, torch.Tensor]]):
         return {"tokens": torch.randn(int(self.lengths[i]), HIDDEN, generator=g)}
 
 
-def main(steps: int = 6) -> float:
+def main(steps: int = 6, log: Path = Path("runs/train_tiny.jsonl")) -> float:
     spec = TokenSpec(patch=56)  # 224 px -> 16 tokens a frame, 336 px -> 36
     meta = metadata(256)
     lengths = breakdown_table(meta, spec).totals
@@ -65,10 +70,8 @@ def main(steps: int = 6) -> float:
     layer = nn.TransformerEncoderLayer(HIDDEN, 4, 4 * HIDDEN, batch_first=True, norm_first=True, dropout=0.0)
     model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loss = torch.tensor(0.0)
-    for step, batch in enumerate(loader):
-        if step == steps:
-            break
+
+    def train_step(batch: dict[str, torch.Tensor]) -> float:
         mask = batch["attention_mask"]
         out = model(batch["tokens"], src_key_padding_mask=~mask)
         # a denoising toy target on real tokens only; empty rows and padding do not count
@@ -76,11 +79,22 @@ def main(steps: int = 6) -> float:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        info = batch["info"]
-        print(f"step {step}: bucket {info.bucket} shape {info.shape} real {info.real_tokens}/{info.padded_tokens} "
-              f"tokens, predicted peak {info.predicted_peak_bytes / 2**20:.1f} MiB (risk {info.risk:.2f}), "
-              f"loss {loss.item():.3f}")
-    return float(loss.item())
+        return loss.item()
+
+    loss = float("nan")
+    with BucketMonitor(plan, sinks=[log], cost_model=cost, data=data) as monitor:
+        train = monitor.guard(train_step, policy="split")  # an OOM splits the batch; nothing is lost
+        for step, batch in enumerate(loader):
+            if step == steps:
+                break
+            loss = train(batch)
+            info = batch["info"]
+            print(f"step {step}: bucket {info.bucket} shape {info.shape} real {info.real_tokens}/"
+                  f"{info.padded_tokens} tokens, predicted peak {info.predicted_peak_bytes / 2**20:.1f} MiB "
+                  f"(risk {info.risk:.2f}), loss {loss:.3f}")
+        print(format_summary(monitor.summary()))
+    print(f"run log: {log}")
+    return loss
 
 
 if __name__ == "__main__":

@@ -96,6 +96,12 @@ def test_cli_demo_runs_as_a_process(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "5,000 samples, 0 rejected" in proc.stdout
     assert (tmp_path / "metadata.parquet").exists()
+    # it ends with the CPU training run under the monitor, its per-bucket table and report
+    log = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    steps = [e for e in log if e["event"] == "step"]
+    assert log[0]["event"] == "start" and log[-1]["event"] == "summary"
+    assert f"{len(steps)} steps over {len(log[0]['buckets'])} buckets" in proc.stdout
+    assert "p50 ms" in proc.stdout and (tmp_path / "report" / "report.html").stat().st_size > 10_000
 
 
 def test_cli_gpus_lists_the_registry(capsys: pytest.CaptureFixture[str]) -> None:

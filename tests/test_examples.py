@@ -24,11 +24,13 @@ def test_examples_pi0_config_counts_867() -> None:
     assert breakdown_sample({"cameras": 2, "frames": 1, "height": 480, "width": 640}, spec).total == 867
 
 
-def test_examples_train_tiny_runs_and_learns() -> None:
+def test_examples_train_tiny_runs_and_learns(tmp_path: Path) -> None:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("train_tiny", ROOT / "examples" / "train_tiny.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.main(steps=6) < 0.2  # the toy denoising loss falls from ~0.26
+    assert module.main(steps=6, log=tmp_path / "run.jsonl") < 0.2  # the toy denoising loss falls from ~0.26
+    steps = [line for line in (tmp_path / "run.jsonl").read_text().splitlines() if '"event":"step"' in line]
+    assert len(steps) == 6  # the monitor recorded every step

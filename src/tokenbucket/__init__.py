@@ -19,8 +19,14 @@ The data flow, one module per stage::
     manifest.py  one Parquet row per sample + the plan: the contract with training
        ▼
     sampler.py   BucketBatchSampler: deterministic, DDP-correct, resumable batches
-    collate.py   TokenBucketDataset + BucketCollate: bucket shapes, masks, BatchInfo
-    (next stages: streaming, monitor)
+    collate.py   TokenBucketDataset + BucketCollate: bucket shapes, masks, BatchInfo;
+       │         risk.py: a batch predicted above the risk threshold is caught here
+       ▼
+    monitor.py   BucketMonitor: per-bucket latency, tokens/s, predicted vs measured memory,
+       │         drift, the OOM guard; sinks.py: JSONL, logging, TensorBoard, callables
+       ▼
+    report.py    the run log read back: per-bucket table, plots, one HTML page
+    (next stage: streaming)
 
 ``cli.py`` holds the ``tokenbucket`` command; ``testing.py`` the seeded reference workloads.
 Every public name is imported on first use (NOTE [ Lazy public API ]).
@@ -36,6 +42,9 @@ from tokenbucket._exceptions import (
     InvalidValueError,
     MetadataError,
     MissingColumnError,
+    OOMRiskError,
+    OOMRiskWarning,
+    PlanDriftWarning,
     TokenbucketError,
 )
 
@@ -51,6 +60,7 @@ _LAZY = {
     "ledger_with_whatifs": "ledger", "shape_ledger": "ledger",
     "read_metadata": "metadata",
     "ModelSpec": "model",
+    "BucketMonitor": "monitor",
     "CameraSpec": "spec", "ColumnMap": "spec", "CountRule": "spec", "TokenSpec": "spec",
 }
 
@@ -73,12 +83,14 @@ if TYPE_CHECKING:
     from tokenbucket.ledger import ledger_with_whatifs, shape_ledger
     from tokenbucket.metadata import read_metadata
     from tokenbucket.model import ModelSpec
+    from tokenbucket.monitor import BucketMonitor
     from tokenbucket.spec import CameraSpec, ColumnMap, CountRule, TokenSpec
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Breakdowns",
+    "BucketMonitor",
     "CameraSpec",
     "CameraTokens",
     "ColumnMap",
@@ -95,6 +107,9 @@ __all__ = [
     "MetadataError",
     "MissingColumnError",
     "ModelSpec",
+    "OOMRiskError",
+    "OOMRiskWarning",
+    "PlanDriftWarning",
     "TokenBreakdown",
     "TokenSpec",
     "TokenbucketError",

@@ -604,6 +604,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                               progress=False)
     print(f"   planned and written in {time.perf_counter() - start:.2f} s\n")
     _print_plan(manifest.plan)
+
+    from tokenbucket._demo import train_under_monitor
+    from tokenbucket.monitor import format_summary
+
+    print("\n5. a short CPU training run under the monitor: the first 384 samples, tokenised coarsely "
+          "(patch 112), a 2-layer model, a 96 MiB \"GPU\" so the plan has several buckets")
+    start = time.perf_counter()
+    run = train_under_monitor(table, out_dir)
+    print(f"   {run['steps']} steps over {len(run['plan'].buckets)} buckets in {time.perf_counter() - start:.1f} s; "
+          f"per bucket (CPU: no measured memory):\n")
+    print(format_summary(run["summary"]))
+    print(f"\n   run log: {run['log']}")
+    try:
+        from tokenbucket.report import read_events, write_report
+
+        files = write_report(read_events(run["log"]), out_dir / "report")
+        print(f"   report: {files.html} (plots beside it); again with `tokenbucket report {run['log']} --out DIR`")
+    except ConfigError as exc:  # matplotlib is the optional `plot` extra
+        print(f"   no plots: {exc}")
     return 0
 
 

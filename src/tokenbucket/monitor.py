@@ -177,19 +177,22 @@ def format_summary(rows: Sequence[Mapping[str, Any]]) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v * 1e3:.1f}"
 
-    def gib(v: int | None) -> str:
-        return "-" if v is None else f"{v / 2**30:.2f}"
+    # GiB for real GPUs, MiB for the small budgets of CPU runs and tests
+    unit, scale = ("GiB", 2**30) if max((r["predicted_peak_bytes"] for r in rows), default=0) >= 2**30 else ("MiB", 2**20)
+
+    def size(v: int | None) -> str:
+        return "-" if v is None else f"{v / scale:.2f}"
 
     head = (f"{'bucket':>6} {'steps':>6} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'tokens/s':>10} {'pad eff':>7} "
-            f"{'pred GiB':>8} {'meas GiB':>8} {'max risk':>8} {'drift':>6} {'risky':>5} {'ooms':>4}")
+            f"{'pred ' + unit:>8} {'meas ' + unit:>8} {'max risk':>8} {'drift':>6} {'risky':>5} {'ooms':>4}")
     lines = [head]
     for r in rows:
         tps = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
         eff = "-" if r.get("padding_efficiency") is None else f"{r['padding_efficiency']:.3f}"
         drift = "-" if r["drift_ratio"] is None else f"{r['drift_ratio']:.3f}"
         lines.append(f"{r['bucket']:>6} {r['steps']:>6} {ms(r['latency_p50_s']):>8} {ms(r['latency_p95_s']):>8} "
-                     f"{ms(r['latency_max_s']):>8} {tps:>10} {eff:>7} {gib(r['predicted_peak_bytes']):>8} "
-                     f"{gib(r['measured_peak_bytes']):>8} {r['max_risk']:>8.3f} {drift:>6} "
+                     f"{ms(r['latency_max_s']):>8} {tps:>10} {eff:>7} {size(r['predicted_peak_bytes']):>8} "
+                     f"{size(r['measured_peak_bytes']):>8} {r['max_risk']:>8.3f} {drift:>6} "
                      f"{r.get('risky_batches', 0):>5} {r['ooms']:>4}")
     return "\n".join(lines)
 
@@ -295,6 +298,7 @@ class BucketMonitor:
             memory = CudaMemory() if torch.cuda.is_available() else None
         self.memory: MemoryReader | None = memory
         self.clock = clock
+        self._cuda = torch.cuda.is_available()  # without CUDA no batch needs the device check
         self.sinks = [JsonlSink(s) if isinstance(s, (str, Path)) else s
                       for s in (["tokenbucket-run.jsonl"] if sinks is None else sinks)]
         for s in self.sinks:
@@ -352,7 +356,7 @@ class BucketMonitor:
         self._info = info
         if self.memory is not None:
             self.memory.reset()
-        if batch is not None and _on_cuda(batch):
+        if self._cuda and batch is not None and _on_cuda(batch):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
             self._events = (start, end)

@@ -21,6 +21,9 @@ from tokenbucket._exceptions import ConfigError
 
 __all__ = ["JsonlSink", "LoggingSink", "TensorBoardSink"]
 
+# one encoder for every event: json.dumps(..., separators=...) would build a new one per call
+_ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
 
 class JsonlSink:
     """Appends one JSON object per line to ``path``.
@@ -48,7 +51,7 @@ class JsonlSink:
         atexit.register(self.close)
 
     def __call__(self, event: Mapping[str, Any]) -> None:
-        self._lines.append(json.dumps(event, separators=(",", ":")) + "\n")
+        self._lines.append(_ENCODE(event) + "\n")
         if (event["event"] != "step" or len(self._lines) >= self.flush_lines
                 or time.monotonic() - self._last >= self.flush_seconds):
             self.flush()
