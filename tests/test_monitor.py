@@ -525,3 +525,19 @@ def test_monitor_state_dict_round_trip_continues_the_aggregates(tmp_path: Path) 
     assert second.summary() == whole.summary() and second.step_count == len(seen)
     with pytest.raises(ConfigError, match="unexpected keys"):
         second.load_state_dict({**state, "extra": 1})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_monitor_on_cuda_times_with_events_and_measures_the_step_peak() -> None:
+    data = setup()
+    got: list[dict[str, Any]] = []
+    monitor = BucketMonitor(data.plan, sinks=[got.append])  # "auto": CudaMemory
+    batch = batches(data)[0]
+    x = torch.zeros(4096, 4096, device="cuda")  # 64 MiB alive before the step
+    with monitor.step(batch["info"], {"tokens": x}):
+        y = x @ x  # +64 MiB during the step
+        del y
+    step = next(e for e in got if e["event"] == "step")
+    assert step["measured_bytes"] >= 2 * 64 * 2**20 and step["reserved_bytes"] >= step["measured_bytes"]
+    assert step["latency_s"] > 0
