@@ -134,7 +134,7 @@ def test_monitor_step_records_latency_tokens_risk_and_measured_peak(tmp_path: Pa
     for r in rows:
         mine = [b["info"] for b in seen if b["info"].bucket == r["bucket"]]
         assert r["steps"] == len(mine)
-        assert r["latency_p50_s"] == pytest.approx(TICK) and r["latency_max_s"] == pytest.approx(TICK)
+        assert r["latency_p50_s"] == pytest.approx(TICK, rel=0.005) and r["latency_max_s"] == pytest.approx(TICK)
         assert r["tokens_per_s"] == pytest.approx(sum(i.real_tokens for i in mine) / (TICK * len(mine)))
         assert r["predicted_peak_bytes"] == max(i.predicted_peak_bytes for i in mine)
         assert r["drift_ratio"] == pytest.approx(1.0, abs=1e-6) and r["ooms"] == 0
@@ -166,9 +166,10 @@ def test_monitor_latency_percentiles_per_bucket() -> None:
         with monitor.step(batch["info"]):
             pass
     row = monitor.summary()[0]
-    assert row["latency_max_s"] == pytest.approx(0.020)
-    assert row["latency_p50_s"] == pytest.approx(np.percentile(np.arange(1, 21) / 1000, 50))
-    assert row["latency_p95_s"] == pytest.approx(np.percentile(np.arange(1, 21) / 1000, 95))
+    # NOTE [ Latency histogram ]: nearest-rank percentiles within 0.5 %, the maximum exact
+    assert row["latency_max_s"] == pytest.approx(0.020, rel=1e-9)
+    assert row["latency_p50_s"] == pytest.approx(0.010, rel=0.005)
+    assert row["latency_p95_s"] == pytest.approx(0.019, rel=0.005)
 
 
 # -- risk caught during batching -----------------------------------------------------------------

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from tokenbucket._exceptions import ConfigError, OOMRiskWarning, PlanDriftWarning
@@ -87,10 +86,32 @@ def is_oom(exc: BaseException) -> bool:
 # -- per-bucket aggregates ---------------------------------------------------------------------
 
 
+# NOTE [ Latency histogram ]
+# Latencies are counted in log-spaced bins 1 % wide (sparse: a bucket's steps fill a few bins),
+# so percentiles cost constant memory and state over a run of any length, within 0.5 %; the
+# maximum is kept exactly.
+_BIN = math.log(1.01)
+
+
+def _latency_bin(seconds: float) -> int:
+    return math.floor(math.log(max(seconds, 1e-9)) / _BIN)
+
+
+def _percentile(bins: Mapping[int, int], total: int, q: float) -> float:
+    rank = max(1, math.ceil(q / 100 * total))  # nearest rank
+    seen = 0
+    for b in sorted(bins):
+        seen += bins[b]
+        if seen >= rank:
+            return math.exp((b + 0.5) * _BIN)  # the bin's geometric middle
+    raise AssertionError("rank beyond the histogram's count")
+
+
 @dataclass
 class _Bucket:
     steps: int = 0
-    latencies: list[float] = field(default_factory=list)
+    latency_bins: dict[int, int] = field(default_factory=dict)
+    latency_max: float = 0.0
     seconds: float = 0.0
     real_tokens: int = 0
     padded_tokens: int = 0
@@ -120,8 +141,11 @@ class RunStats:
         if kind == "step":
             b = self._bucket(event["bucket"])
             b.steps += 1
-            b.latencies.append(event["latency_s"])
-            b.seconds += event["latency_s"]
+            latency = event["latency_s"]
+            k = _latency_bin(latency)
+            b.latency_bins[k] = b.latency_bins.get(k, 0) + 1
+            b.latency_max = max(b.latency_max, latency)
+            b.seconds += latency
             b.real_tokens += event["real_tokens"]
             b.padded_tokens += event["padded_tokens"]
             b.predicted_peak = max(b.predicted_peak, event["predicted_bytes"])
@@ -142,12 +166,11 @@ class RunStats:
         out = []
         for k in sorted(self.buckets):
             b = self.buckets[k]
-            lat = np.asarray(b.latencies, dtype=np.float64)
             out.append({
                 "bucket": k, "steps": b.steps,
-                "latency_p50_s": float(np.percentile(lat, 50)) if b.steps else None,
-                "latency_p95_s": float(np.percentile(lat, 95)) if b.steps else None,
-                "latency_max_s": float(lat.max()) if b.steps else None,
+                "latency_p50_s": _percentile(b.latency_bins, b.steps, 50) if b.steps else None,
+                "latency_p95_s": _percentile(b.latency_bins, b.steps, 95) if b.steps else None,
+                "latency_max_s": b.latency_max if b.steps else None,
                 "tokens_per_s": b.real_tokens / b.seconds if b.seconds > 0 else None,
                 "padding_efficiency": b.real_tokens / b.padded_tokens if b.padded_tokens else None,
                 "predicted_peak_bytes": b.predicted_peak, "measured_peak_bytes": b.measured_peak,
@@ -157,10 +180,13 @@ class RunStats:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {str(k): {**vars(b), "latencies": list(b.latencies)} for k, b in self.buckets.items()}
+        # JSON-ready: string keys throughout
+        return {str(k): {**vars(b), "latency_bins": {str(i): c for i, c in b.latency_bins.items()}}
+                for k, b in self.buckets.items()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.buckets = {int(k): _Bucket(**{**v, "latencies": list(v["latencies"])}) for k, v in state.items()}
+        self.buckets = {int(k): _Bucket(**{**v, "latency_bins": {int(i): c for i, c in v["latency_bins"].items()}})
+                        for k, v in state.items()}
 
 
 def summarize_events(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
