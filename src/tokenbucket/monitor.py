@@ -36,8 +36,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -139,27 +138,34 @@ class RunStats:
     def add(self, event: Mapping[str, Any]) -> None:
         kind = event["event"]
         if kind == "step":
-            b = self._bucket(event["bucket"])
-            b.steps += 1
-            latency = event["latency_s"]
-            k = _latency_bin(latency)
-            b.latency_bins[k] = b.latency_bins.get(k, 0) + 1
-            b.latency_max = max(b.latency_max, latency)
-            b.seconds += latency
-            b.real_tokens += event["real_tokens"]
-            b.padded_tokens += event["padded_tokens"]
-            b.predicted_peak = max(b.predicted_peak, event["predicted_bytes"])
-            b.max_risk = max(b.max_risk, event["risk"])
-            measured = event["measured_bytes"]
-            if measured is not None:
-                b.measured_peak = max(b.measured_peak or 0, measured)
-                b.reserved_peak = max(b.reserved_peak or 0, event["reserved_bytes"] or 0)
-                ratio = measured / event["predicted_bytes"]
-                b.max_ratio = ratio if b.max_ratio is None else max(b.max_ratio, ratio)
+            self.add_step(event["bucket"], event["latency_s"], event["real_tokens"], event["padded_tokens"],
+                          event["predicted_bytes"], event["measured_bytes"], event["reserved_bytes"], event["risk"])
         elif kind == "oom":
             self._bucket(event["bucket"]).ooms += 1
         elif kind == "risk":
             self._bucket(event["bucket"]).risky += 1
+
+    def add_step(self, bucket: int, latency: float, real_tokens: int, padded_tokens: int, predicted: int,
+                 measured: int | None, reserved: int | None, risk: float) -> None:
+        # plain comparisons, not max(): this runs every step (benchmarks/bench_monitor.py)
+        b = self.buckets.get(bucket) or self._bucket(bucket)
+        b.steps += 1
+        k = _latency_bin(latency)
+        b.latency_bins[k] = b.latency_bins.get(k, 0) + 1
+        if latency > b.latency_max:
+            b.latency_max = latency
+        b.seconds += latency
+        b.real_tokens += real_tokens
+        b.padded_tokens += padded_tokens
+        if predicted > b.predicted_peak:
+            b.predicted_peak = predicted
+        if risk > b.max_risk:
+            b.max_risk = risk
+        if measured is not None:
+            b.measured_peak = max(b.measured_peak or 0, measured)
+            b.reserved_peak = max(b.reserved_peak or 0, reserved or 0)
+            ratio = measured / predicted
+            b.max_ratio = ratio if b.max_ratio is None else max(b.max_ratio, ratio)
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per bucket seen, by bucket (the keys :func:`format_summary` prints)."""
@@ -406,29 +412,25 @@ class BucketMonitor:
         measured, reserved = reading if reading is not None else (None, None)
         step = self.step_count
         self.step_count += 1
-        self._emit({
-            "event": "step", "step": step, "time": time.time(), "bucket": info.bucket, "rows": info.shape[0],
-            "length": info.shape[1], "real_tokens": info.real_tokens, "padded_tokens": info.padded_tokens,
-            "latency_s": latency, "tokens_per_s": info.real_tokens / latency if latency > 0 else 0.0,
-            "predicted_bytes": info.predicted_peak_bytes, "measured_bytes": measured, "reserved_bytes": reserved,
-            "risk": info.risk,
-        })
+        tokens_per_s = info.real_tokens / latency if latency > 0 else 0.0
+        self.stats.add_step(info.bucket, latency, info.real_tokens, info.padded_tokens, info.predicted_peak_bytes,
+                            measured, reserved, info.risk)
+        if self.sinks:
+            event = {
+                "event": "step", "step": step, "time": time.time(), "bucket": info.bucket, "rows": info.shape[0],
+                "length": info.shape[1], "real_tokens": info.real_tokens, "padded_tokens": info.padded_tokens,
+                "latency_s": latency, "tokens_per_s": tokens_per_s, "predicted_bytes": info.predicted_peak_bytes,
+                "measured_bytes": measured, "reserved_bytes": reserved, "risk": info.risk,
+            }
+            for sink in self.sinks:
+                sink(event)
         if measured is not None:
             self._check_drift(info.bucket, measured / info.predicted_peak_bytes, step)
 
-    @contextmanager
-    def step(self, info: Any, batch: Any = None) -> Iterator[None]:
+    def step(self, info: Any, batch: Any = None) -> _StepScope:
         """``with monitor.step(batch["info"], batch): ...`` — times and records the step; an OOM
         inside is recorded (policy ``raise``) and re-raised."""
-        self.on_batch_start(info, batch)
-        try:
-            yield
-        except BaseException as exc:
-            self._info = None
-            if is_oom(exc) and exc is not self._oom_recorded:
-                self._record_oom(info, exc, "raise")
-            raise
-        self.on_batch_end()
+        return _StepScope(self, info, batch)
 
     # -- drift -------------------------------------------------------------------------------------
 
@@ -587,6 +589,27 @@ class BucketMonitor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _StepScope:
+    """What :meth:`BucketMonitor.step` returns (a class, not ``@contextmanager``: it runs every step)."""
+
+    __slots__ = ("batch", "info", "monitor")
+
+    def __init__(self, monitor: BucketMonitor, info: Any, batch: Any) -> None:
+        self.monitor, self.info, self.batch = monitor, info, batch
+
+    def __enter__(self) -> None:
+        self.monitor.on_batch_start(self.info, self.batch)
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        monitor = self.monitor
+        if exc is None:
+            monitor.on_batch_end()
+            return
+        monitor._info = None
+        if is_oom(exc) and exc is not monitor._oom_recorded:
+            monitor._record_oom(self.info, exc, "raise")
 
 
 class _Parts(list[Any]):
