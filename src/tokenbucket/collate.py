@@ -247,7 +247,11 @@ class BucketCollate:
     Returns a dict: ``tokens`` ``[B, L, ...]``, ``attention_mask`` ``[B, L]`` (True on real
     tokens), ``row_mask`` ``[B]`` (False on empty rows), ``index`` ``[B]`` (-1 on empty rows),
     ``layout`` (a list per row of :class:`Segment`, with ``with_layout``) and ``info``
-    (:class:`BatchInfo`).
+    (:class:`BatchInfo`). Real rows come first.
+
+    A batch whose predicted peak (``cost_model``, else the plan's) is above ``risk_threshold``
+    of the budget is reported here, before it reaches the GPU, by ``on_risk``: ``"warn"``,
+    ``"raise"`` or ``"split"`` (see NOTE [ Risk before the GPU ] in :mod:`tokenbucket.risk`).
     """
 
     def __init__(self, data: TokenBucketDataset, *, tokens_key: str = "tokens", pad_value: float = 0,
