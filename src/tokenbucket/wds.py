@@ -7,7 +7,7 @@ a shard index that gives every rank the same number of steps.
     index = index_shards(urls, spec)                       # reads only the .json members
     steps = index.batches_per_worker(plan, world_size=ws, num_workers=4)
     data = (wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node)
-            .decode()
+            .decode(only=["tokens.npy"])          # the .json is the stage's to read (and reject)
             .compose(bucketed(plan, spec, batches=steps, rejected="rejected.jsonl")))
     loader = wds.WebLoader(data, batch_size=None, num_workers=4, collate_fn=StreamCollate())
 
@@ -19,6 +19,12 @@ makes every stream emit exactly that many (shorter ones end with empty batches):
 every sample once. It needs the shard order fixed before the epoch (``shardshuffle=False``;
 shuffle the URL list yourself with the epoch's seed, e.g. :func:`epoch_shards`). Without an
 index, ``.with_epoch(n)`` on the loader also gives equal steps, by cutting or repeating.
+
+NOTE [ Leave the metadata to the stage ]
+A ``.decode()`` upstream parses the ``.json`` member too, and a corrupt one raises there,
+before the stage can reject it and go on. Decode the data members only
+(``.decode(only=[...])``), or decode after bucketing in the collate; the stage accepts the
+metadata as bytes, text or an already decoded dict.
 """
 
 from __future__ import annotations
