@@ -174,8 +174,8 @@ class RunStats:
             b = self.buckets[k]
             out.append({
                 "bucket": k, "steps": b.steps,
-                "latency_p50_s": _percentile(b.latency_bins, b.steps, 50) if b.steps else None,
-                "latency_p95_s": _percentile(b.latency_bins, b.steps, 95) if b.steps else None,
+                "latency_p50_s": min(_percentile(b.latency_bins, b.steps, 50), b.latency_max) if b.steps else None,
+                "latency_p95_s": min(_percentile(b.latency_bins, b.steps, 95), b.latency_max) if b.steps else None,
                 "latency_max_s": b.latency_max if b.steps else None,
                 "tokens_per_s": b.real_tokens / b.seconds if b.seconds > 0 else None,
                 "padding_efficiency": b.real_tokens / b.padded_tokens if b.padded_tokens else None,
