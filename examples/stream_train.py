@@ -5,7 +5,7 @@ under the monitor.
 
 The shards hold mixture A's shapes, scaled down (patch 112), each sample a ``.json`` metadata
 member and a ``tokens.npy`` sequence of the length its metadata gives. Swap in your own shards
-and model; keep the four steps: index the shards' metadata, plan, ``.compose(bucketed(...))``,
+and model; keep the four steps: index the shards' metadata, plan, ``.compose(index.bucketed(...))``,
 and a ``StreamCollate`` on the loader.
 """
 
@@ -28,7 +28,7 @@ from tokenbucket.monitor import format_summary
 from tokenbucket.plan import plan_buckets
 from tokenbucket.stream import StreamCollate
 from tokenbucket.testing import mixture_a
-from tokenbucket.wds import bucketed, index_shards
+from tokenbucket.wds import index_shards
 
 HIDDEN = 16
 SPEC = TokenSpec(patch=112)
@@ -58,10 +58,10 @@ def main(root: Path, *, num_workers: int = 2, steps: int = 12) -> float:
     plan = plan_buckets(np.concatenate([np.asarray(n) for n in index.lengths]), cost, budget, max_buckets=4,
                         multiple=16, on_oversize="reject")
     # 3. every worker emits the same number of batches: equal steps on every rank, none left out
-    batches = index.batches_per_worker(plan, num_workers=num_workers, max_buffered=256)
+    stage = index.bucketed(plan, SPEC, num_workers=num_workers, max_buffered=256, rejected=str(root / "rejected.jsonl"))
     data = (wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node, empty_check=False)
-            .decode(only=["tokens.npy"])
-            .compose(bucketed(plan, SPEC, max_buffered=256, batches=batches, rejected=str(root / "rejected.jsonl"))))
+            .decode(only=["tokens.npy"])  # the .json is the stage's to read (and reject)
+            .compose(stage))
     # 4. padded to the bucket's shape, with masks and a BatchInfo for the monitor
     loader = DataLoader(data, batch_size=None, num_workers=num_workers, collate_fn=StreamCollate("tokens.npy"))
 

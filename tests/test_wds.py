@@ -130,9 +130,9 @@ def _ddp_worker(rank: int, world: int, port: int, root: str, out: str) -> None:
 
         plan = BucketPlan.from_json(meta["plan"])
         # every rank computes the same count from the index (NOTE [ Equal steps from a shard index ])
-        steps = index_shards(urls, SPEC).batches_per_worker(plan, world_size=world, num_workers=0, max_buffered=64)
+        stage = index_shards(urls, SPEC).bucketed(plan, SPEC, world_size=world, num_workers=0, max_buffered=64)
         data = (wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node, empty_check=False)
-                .decode().compose(bucketed(plan, SPEC, max_buffered=64, batches=steps)))
+                .decode().compose(stage))
         loader = DataLoader(data, batch_size=None, num_workers=0, collate_fn=StreamCollate("tokens.npy"))
         keys, count = [], 0
         for batch in loader:

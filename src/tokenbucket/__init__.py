@@ -26,7 +26,9 @@ The data flow, one module per stage::
        │         drift, the OOM guard; sinks.py: JSONL, logging, TensorBoard, callables
        ▼
     report.py    the run log read back: per-bucket table, plots, one HTML page
-    (next stage: streaming)
+
+    stream.py    the same plan for streams: StreamBucketer buckets samples as they arrive
+                 (wds.py: the webdataset stage and the shard index for equal steps)
 
 ``cli.py`` holds the ``tokenbucket`` command; ``testing.py`` the seeded reference workloads.
 Every public name is imported on first use (NOTE [ Lazy public API ]).

@@ -2,13 +2,13 @@
 a shard index that gives every rank the same number of steps.
 
     import webdataset as wds
-    from tokenbucket.wds import bucketed, index_shards
+    from tokenbucket.wds import index_shards
 
     index = index_shards(urls, spec)                       # reads only the .json members
-    steps = index.batches_per_worker(plan, world_size=ws, num_workers=4)
+    stage = index.bucketed(plan, spec, world_size=ws, num_workers=4, rejected="rejected.jsonl")
     data = (wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node)
             .decode(only=["tokens.npy"])          # the .json is the stage's to read (and reject)
-            .compose(bucketed(plan, spec, batches=steps, rejected="rejected.jsonl")))
+            .compose(stage))
     loader = wds.WebLoader(data, batch_size=None, num_workers=4, collate_fn=StreamCollate())
 
 NOTE [ Equal steps from a shard index ]
@@ -93,6 +93,16 @@ class ShardIndex:
         counts = stream_batch_counts(self.lengths, plan, world_size=world_size, num_workers=num_workers,
                                      cost_model=cost_model, max_buffered=max_buffered)
         return int(counts.max()) if counts.size else 0
+
+
+    def bucketed(self, plan: Any, spec: Any, *, world_size: int = 1, num_workers: int = 0, **kwargs: Any) -> Any:
+        """The stage with ``batches=`` set for these shards: every worker of every rank emits the
+        same number of batches, every sample once. The count is simulated with the stage's own
+        ``max_buffered`` and ``cost_model``, so the two cannot disagree."""
+        kwargs["batches"] = self.batches_per_worker(plan, world_size=world_size, num_workers=num_workers,
+                                                    cost_model=kwargs.get("cost_model"),
+                                                    max_buffered=kwargs.get("max_buffered"))
+        return bucketed(plan, spec, **kwargs)
 
 
 def _key_and_ext(name: str) -> tuple[str, str] | None:
