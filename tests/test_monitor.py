@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket._exceptions import OOMRiskError, OOMRiskWarning, PlanDriftWarning
@@ -33,6 +33,7 @@ from tokenbucket.monitor import BucketMonitor, format_summary, is_oom, read_repl
 from tokenbucket.plan import plan_buckets
 from tokenbucket.risk import RiskSplitSampler, static_split
 from tokenbucket.sinks import JsonlSink, LoggingSink, TensorBoardSink
+from tokenbucket.testing import RandomTokens
 
 SPEC = TokenSpec(patch=56)
 HIDDEN = 8
@@ -48,23 +49,11 @@ def meta(n: int) -> pa.Table:
                      "text_tokens": rng.integers(1, 9, n)})
 
 
-class Seqs(Dataset[dict[str, torch.Tensor]]):
-    def __init__(self, lengths: np.ndarray) -> None:
-        self.lengths = lengths
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(i)
-        return {"tokens": torch.randn(int(self.lengths[i]), HIDDEN, generator=g)}
-
-
 def setup(n: int = 80, mode: str = "static") -> TokenBucketDataset:
     table = meta(n)
     lengths = breakdown_table(table, SPEC).totals
     plan = plan_buckets(lengths, COST, BUDGET, max_buckets=3, multiple=8, mode=mode)  # type: ignore[arg-type]
-    return TokenBucketDataset(Seqs(lengths), metadata=table, spec=SPEC, plan=plan)
+    return TokenBucketDataset(RandomTokens(lengths, HIDDEN), metadata=table, spec=SPEC, plan=plan)
 
 
 TICK = 2**-6  # s; a power of two, so sums of ticks are exact

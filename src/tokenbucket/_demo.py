@@ -13,23 +13,9 @@ from typing import Any
 import pyarrow as pa
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 HIDDEN = 32
-
-
-class RandomTokens(Dataset[dict[str, torch.Tensor]]):
-    """Sample ``i``: a ``[L_i, HIDDEN]`` sequence (seeded by ``i``), ``L_i`` its token count."""
-
-    def __init__(self, lengths: Any) -> None:
-        self.lengths = lengths
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(i)
-        return {"tokens": torch.randn(int(self.lengths[i]), HIDDEN, generator=g)}
 
 
 def train_under_monitor(table: pa.Table, out_dir: Path, *, samples: int = 384,
@@ -43,13 +29,14 @@ def train_under_monitor(table: pa.Table, out_dir: Path, *, samples: int = 384,
     from tokenbucket.monitor import BucketMonitor
     from tokenbucket.plan import plan_buckets
     from tokenbucket.spec import TokenSpec
+    from tokenbucket.testing import RandomTokens
 
     table = table.slice(0, samples)
     spec = TokenSpec(patch=112)
     lengths = breakdown_table(table, spec).totals
     cost = CostModel(ModelSpec(hidden=HIDDEN, layers=2, heads=4, precision="fp32", attention="eager"))
     plan = plan_buckets(lengths, cost, budget_bytes, max_buckets=6, multiple=32, on_oversize="reject")
-    data = TokenBucketDataset(RandomTokens(lengths), metadata=table, spec=spec, plan=plan)
+    data = TokenBucketDataset(RandomTokens(lengths, HIDDEN), metadata=table, spec=spec, plan=plan)
     loader = DataLoader(data, batch_sampler=data.sampler(seed=0), collate_fn=BucketCollate(data, cost_model=cost))
 
     torch.manual_seed(0)

@@ -6,10 +6,14 @@ so a planner that only looks at the median gets it wrong.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
+import torch
+from torch.utils.data import Dataset
 
-__all__ = ["MIXTURE_A", "mixture_a"]
+__all__ = ["MIXTURE_A", "RandomTokens", "mixture_a"]
 
 # NOTE [ Mixture A ]
 # Per sample: cameras {1,2,3,4,6,8} (mostly 1-3), frames {1,...,32}, square 224/336/448 px at
@@ -62,3 +66,18 @@ def mixture_a(num_samples: int, *, seed: int = 0) -> pa.Table:
             "memory_tokens": memory,
         }
     )
+
+
+class RandomTokens(Dataset[dict[str, torch.Tensor]]):
+    """A map-style dataset whose sample ``i`` is ``{"tokens": [L_i, features]}`` of N(0, 1) values
+    seeded by ``i``, ``L_i = lengths[i]``: real sequences of the lengths the metadata gives."""
+
+    def __init__(self, lengths: Any, features: int) -> None:
+        self.lengths, self.features = lengths, features
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(int(i))
+        return {"tokens": torch.randn(int(self.lengths[i]), self.features, generator=g)}
