@@ -5,10 +5,20 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 import tokenbucket
-from tokenbucket import CameraSpec, ColumnMap, ConfigError, CountRule, TokenSpec
+from tokenbucket import (
+    CameraSpec,
+    ColumnMap,
+    ConfigError,
+    CountRule,
+    MetadataError,
+    TokenSpec,
+    breakdown_sample,
+    breakdown_table,
+)
 
 
 def test_spec_public_api_all_is_sorted_and_importable() -> None:
@@ -113,3 +123,29 @@ def test_spec_is_frozen() -> None:
     spec = TokenSpec()
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.patch = 16  # type: ignore[misc]
+
+
+# NOTE [ Token presets ]: the published counts of ../shared/data/SOURCES.md, written out
+@pytest.mark.parametrize(("name", "row", "published"), [
+    ("pi0", {"cameras": 3, "frames": 1, "height": 480, "width": 640}, 3 * 256 + 48 + 1 + 50),
+    ("pi0", {"cameras": 1, "frames": 1, "height": 224, "width": 224}, 3 * 256 + 48 + 1 + 50),  # empty slots cost
+    ("openvla", {"cameras": 1, "frames": 1, "height": 224, "width": 224, "text_tokens": 20}, 256 + 20 + 7),
+    ("vjepa", {"cameras": 1, "frames": 16, "height": 224, "width": 224}, 8 * 14 * 14),
+    ("cosmos-dv4x8x8", {"cameras": 1, "frames": 9, "height": 512, "width": 512}, 3 * 64 * 64),
+])
+def test_token_presets_match_published_counts(name: str, row: dict[str, int], published: int) -> None:
+    spec = TokenSpec.preset(name)
+    assert breakdown_sample(row, spec).total == published
+    table = pa.Table.from_pylist([{"key": "s0", **row}])
+    assert breakdown_table(table, spec).totals.tolist() == [published]  # the vectorised path agrees
+
+
+def test_token_presets_by_name_in_toml_and_their_errors(tmp_path: Path) -> None:
+    path = tmp_path / "tokenbucket.toml"
+    path.write_text('[tokens]\npreset = "pi0"\naction = 10\n')
+    spec = TokenSpec.from_toml(path)
+    assert spec.camera_slots == 3 and spec.action == CountRule(count=10)  # the preset, changed
+    with pytest.raises(ConfigError, match="known presets"):
+        TokenSpec.preset("pi-zero")
+    with pytest.raises(MetadataError):  # four cameras do not fit pi0's three slots
+        breakdown_sample({"cameras": 4, "frames": 1, "height": 224, "width": 224}, TokenSpec.preset("pi0"))

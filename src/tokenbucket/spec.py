@@ -24,7 +24,7 @@ from typing import Any, Literal, cast
 
 from tokenbucket._exceptions import ConfigError
 
-__all__ = ["CameraSpec", "ColumnMap", "CountRule", "TokenSpec"]
+__all__ = ["TOKEN_PRESETS", "CameraSpec", "ColumnMap", "CountRule", "TokenSpec"]
 
 Resize = Literal["pad", "crop", "fixed", "max_pixels"]
 RESIZE_POLICIES: tuple[str, ...] = ("pad", "crop", "fixed", "max_pixels")
@@ -378,11 +378,12 @@ class TokenSpec(CameraSpec):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TokenSpec:
         """Build a spec from a mapping such as a TOML ``[tokens]`` table."""
-        known = {f.name for f in fields(cls) if f.init}
+        known = {f.name for f in fields(cls) if f.init} | {"preset"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown [tokens] keys {unknown}; expected some of {sorted(known)}")
         kwargs = dict(data)
+        preset = kwargs.pop("preset", None)
         if "fixed_size" in kwargs and kwargs["fixed_size"] is not None:
             kwargs["fixed_size"] = tuple(kwargs["fixed_size"])
         if "camera_names" in kwargs:
@@ -395,7 +396,23 @@ class TokenSpec(CameraSpec):
                 kwargs["columns"] = ColumnMap(**columns)
             except TypeError as exc:
                 raise ConfigError(f"invalid [tokens.columns]: {exc}") from None
+        if preset is not None:  # ``preset = "pi0"``: the preset, changed by the other keys
+            return dataclasses.replace(cls.preset(str(preset)), **kwargs)
         return cls(**kwargs)
+
+    @classmethod
+    def preset(cls, name: str) -> TokenSpec:
+        """A well-known model's tokenisation by name (see ``TOKEN_PRESETS`` and NOTE [ Token presets ]).
+
+        Example:
+            >>> from tokenbucket import breakdown_sample
+            >>> breakdown_sample({"cameras": 1, "frames": 1, "height": 480, "width": 640},
+            ...                  TokenSpec.preset("pi0")).total
+            867
+        """
+        if name not in TOKEN_PRESETS:
+            raise ConfigError(f"unknown token preset {name!r}; known presets: {sorted(TOKEN_PRESETS)}")
+        return TOKEN_PRESETS[name]
 
     @classmethod
     def from_toml(cls, path: str | Path, section: str = "tokens") -> TokenSpec:
@@ -419,3 +436,28 @@ class TokenSpec(CameraSpec):
 
 
 MODALITIES: tuple[str, ...] = ("text", "proprio", "action", "memory")
+
+_NONE = CountRule(count=0)
+
+# NOTE [ Token presets ]
+# Model-side tokenisations users otherwise get wrong, each with its published count
+# (../shared/data/SOURCES.md; tests/test_spec.py checks every one):
+# - pi0 (openpi): three fixed 224x224 camera slots at patch 14, 256 tokens each, and an empty slot
+#   still costs its tokens; 48 text tokens, 1 state token, a 50-step action chunk: 867 in all.
+# - openvla: one 224x224 image at patch 14 (256 tokens), the prompt from the metadata's text
+#   column, 7 action tokens.
+# - vjepa: 224 px at patch 16 with tubelets of 2 frames: 16 frames -> 8 x 14 x 14 = 1,568 tokens.
+# - cosmos-dv4x8x8: a causal video tokenizer, 4x in time (first frame apart) and 8x8 in space:
+#   9 frames of 512x512 -> 3 latent frames of 64 x 64 = 12,288 tokens.
+TOKEN_PRESETS: dict[str, TokenSpec] = {
+    "pi0": TokenSpec(patch=14, resize="fixed", fixed_size=(224, 224), camera_slots=3,
+                     camera_names=("base", "left_wrist", "right_wrist"), text=CountRule(count=48),
+                     proprio=CountRule(count=1), action=CountRule(count=50), memory=_NONE),
+    "openvla": TokenSpec(patch=14, resize="fixed", fixed_size=(224, 224), camera_slots=1,
+                         text=CountRule(column="text_tokens", optional=True), proprio=_NONE,
+                         action=CountRule(count=7), memory=_NONE),
+    "vjepa": TokenSpec(patch=16, tubelet=2, resize="fixed", fixed_size=(224, 224), text=_NONE, proprio=_NONE,
+                       action=_NONE, memory=_NONE),
+    "cosmos-dv4x8x8": TokenSpec(patch=8, tubelet=4, causal_first_frame=True, text=_NONE, proprio=_NONE,
+                                action=_NONE, memory=_NONE),
+}
