@@ -2,6 +2,8 @@
 
 The data flow, one module per stage::
 
+    sources/     a dataset's own metadata as rows, no pixels decoded (lerobot.py: LeRobot)
+       ▼
     metadata rows (Parquet / JSONL / CSV)
        │  metadata.py    read into one Arrow table
        ▼

@@ -8,6 +8,7 @@
     tokenbucket gpus [--json]
     tokenbucket plan METADATA... [--config F] [--gpu NAME | --budget-gib X] [--max-buckets K]
                      [--mode static|dynamic] [--on-oversize error|reject] --out manifest.parquet [--json]
+    tokenbucket plan --lerobot DATASET [--delta-timestamps JSON|@FILE.json] [--cameras A,B] [plan flags as above]
     tokenbucket inspect manifest.parquet [--json] [--plot hist.png]
     tokenbucket report RUN.jsonl [--json] [--out DIR]
     tokenbucket demo [--out DIR] [--samples N] [--seed S]
@@ -440,19 +441,72 @@ def _print_plan(plan: Any) -> None:
               f"{o['largest']:,} tokens, needs {_gib(o['largest_bytes'])} alone)")
 
 
+def _json_object_arg(text: str, flag: str) -> dict[str, Any]:
+    """A flag's JSON object, given inline or as ``@file.json``."""
+    source = f"{flag} {text!r}"
+    if text.startswith("@"):
+        path = Path(text[1:])
+        source = f"{flag} file {str(path)!r}"
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {source}: {exc}") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{source} should be a JSON object, but it does not parse ({exc})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source} should be a JSON object, but got {type(value).__name__}")
+    return value
+
+
+def _lerobot_metadata(args: argparse.Namespace, path: Path) -> dict[str, Any]:
+    """Write ``--lerobot``'s rows to ``path`` (Parquet); returns what to record in the manifest."""
+    import pyarrow.parquet as pq
+
+    from tokenbucket.sources.lerobot import lerobot_rows
+
+    deltas = None if args.delta_timestamps is None else _json_object_arg(args.delta_timestamps, "--delta-timestamps")
+    cameras = None
+    if args.cameras is not None:
+        cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]
+        if not cameras:
+            raise ConfigError(f"--cameras should name at least one camera key, but got --cameras {args.cameras!r}")
+    pq.write_table(lerobot_rows(args.lerobot, deltas, cameras=cameras), path)
+    return {"path": str(args.lerobot), "delta_timestamps": deltas, "cameras": cameras}
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
+    import tempfile
+
     from tokenbucket.cost import CostModel
     from tokenbucket.manifest import build_manifest
 
+    if args.lerobot is None:
+        if not args.metadata:
+            raise ConfigError("plan needs METADATA (files or directories) or --lerobot DATASET")
+        for flag, value in (("--delta-timestamps", args.delta_timestamps), ("--cameras", args.cameras)):
+            if value is not None:
+                raise ConfigError(f"{flag} goes with --lerobot DATASET, but no --lerobot was given")
+    elif args.metadata:
+        raise ConfigError(f"give either METADATA or --lerobot DATASET, not both (got METADATA {args.metadata})")
     spec = spec_from_args(args)
     model = model_from_args(args)
     budget = _budget(args)
     if budget is None:
         raise ConfigError("plan needs a budget: --gpu NAME or --budget-gib X")
     cost = CostModel(model, args.gpu)
-    meta = {"model": model.to_dict(), "gpu": args.gpu}
-    manifest = build_manifest(args.metadata, spec, cost, args.out, budget_bytes=budget, max_buckets=args.max_buckets,
-                              mode=args.plan_mode, on_oversize=args.on_oversize, on_invalid=args.on_invalid, meta=meta)
+    meta: dict[str, Any] = {"model": model.to_dict(), "gpu": args.gpu}
+    with tempfile.TemporaryDirectory(prefix="tokenbucket-plan-") as tmp:
+        sources: list[Any] = args.metadata
+        if args.lerobot is not None:
+            # the rows go through the same path as a metadata file (one Parquet file, removed after)
+            rows = Path(tmp) / "lerobot-rows.parquet"
+            meta["lerobot"] = _lerobot_metadata(args, rows)
+            sources = [rows]
+        manifest = build_manifest(sources, spec, cost, args.out, budget_bytes=budget, max_buckets=args.max_buckets,
+                                  mode=args.plan_mode, on_oversize=args.on_oversize, on_invalid=args.on_invalid,
+                                  meta=meta)
     if args.json:
         print(json.dumps(_plan_json(manifest.plan)))
     else:
@@ -676,7 +730,12 @@ def build_parser() -> argparse.ArgumentParser:
     prof.set_defaults(func=_cmd_profile)
 
     plan = sub.add_parser("plan", help="plan memory-safe buckets and write the manifest")
-    plan.add_argument("metadata", nargs="+", help="metadata files or directories")
+    plan.add_argument("metadata", nargs="*", help="metadata files or directories (or give --lerobot)")
+    plan.add_argument("--lerobot", type=Path, metavar="DATASET",
+                      help="plan a LeRobot v2.x/v3.0 dataset from its meta/ folder (one sample per frame)")
+    plan.add_argument("--delta-timestamps", metavar="JSON",
+                      help="with --lerobot: LeRobot's offsets in seconds per key, as a JSON object or @file.json")
+    plan.add_argument("--cameras", metavar="A,B", help="with --lerobot: the camera keys the policy uses")
     plan.add_argument("--out", required=True, type=Path, help="the manifest .parquet to write")
     plan.add_argument("--gpu", help="GPU target (see `tokenbucket gpus`)")
     plan.add_argument("--budget-gib", type=float, help="memory budget instead of a GPU's")
