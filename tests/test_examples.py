@@ -53,3 +53,17 @@ def test_examples_stream_train_runs_on_fresh_shards(tmp_path: Path) -> None:
     assert loss == loss and loss < 1.0  # finite, and below the ~1.0 of an untrained denoiser on N(0, 1)
     log = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert sum(e["event"] == "step" for e in log) == 12
+
+
+def test_examples_plan_lerobot_plans_every_frame(tmp_path: Path, lerobot_dir: str) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plan_lerobot", ROOT / "examples" / "plan_lerobot.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    root = module.demo_dataset(tmp_path, Path(lerobot_dir) / "svla_so100_pickplace.json")
+    plan = module.main(root)
+    assert sum(b.samples for b in plan.buckets) == 300 + 450 + 120 + 600  # one sample per frame
+    # 480x640 at patch 14 -> 35 x 46 patches, merged 2x2 -> 18 x 23; 2 cameras x 3 frames; 1 state; 50 actions
+    assert plan.buckets[-1].bound >= 2 * 3 * 18 * 23 + 1 + 50 > plan.buckets[-1].bound - 64
