@@ -31,6 +31,7 @@ The data flow, one module per stage::
 
     stream.py    the same plan for streams: StreamBucketer buckets samples as they arrive
                  (wds.py: the webdataset stage and the shard index for equal steps)
+    packing.py   whole samples packed into rows, with block-diagonal masks and varlen offsets
 
 ``cli.py`` holds the ``tokenbucket`` command; ``testing.py`` the seeded reference workloads.
 Every public name is imported on first use (NOTE [ Lazy public API ]).

@@ -1,0 +1,131 @@
+"""Packing: rows that hold every sample once, masks and position ids that make a packed row
+compute exactly what each sample alone would, and the collate's packed tensors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
+from tokenbucket.collate import TokenBucketDataset
+from tokenbucket.packing import PackedCollate, block_diagonal_mask, flex_block_mask, pack_rows
+from tokenbucket.plan import plan_buckets
+from tokenbucket.testing import RandomTokens, mixture_a
+
+
+def test_pack_rows_every_sample_once_rows_fit_deterministic() -> None:
+    lengths = np.random.default_rng(0).integers(1, 300, 5000)
+    rows = pack_rows(lengths, 512, seed=1, epoch=0, pool=700)
+    flat = [i for r in rows for i in r]
+    assert sorted(flat) == list(range(len(lengths)))  # whole samples, each once
+    assert all(lengths[r].sum() <= 512 for r in rows)
+    assert rows == pack_rows(lengths, 512, seed=1, epoch=0, pool=700)
+    assert rows != pack_rows(lengths, 512, seed=1, epoch=1, pool=700)  # a new order each epoch
+    # a row never mixes pools: memory stays flat however many samples there are
+    order = np.random.default_rng([1, 0]).permutation(len(lengths))
+    pool_of = np.empty(len(lengths), np.int64)
+    pool_of[order] = np.arange(len(lengths)) // 700
+    assert all(len(set(pool_of[r].tolist())) == 1 for r in rows)
+    efficiency = lengths.sum() / (len(rows) * 512)
+    assert efficiency > 0.98  # best-fit decreasing leaves little room
+    with pytest.raises(ConfigError, match="never split"):
+        pack_rows([10, 600, 20], 512)
+
+
+def test_pack_rows_on_mixture_a_fills_rows() -> None:
+    lengths = breakdown_table(mixture_a(50_000, seed=0), TokenSpec(patch=14)).totals
+    pack = 65_536
+    lengths = lengths[lengths <= pack]
+    rows = pack_rows(lengths, pack, seed=0)
+    assert lengths.sum() / (len(rows) * pack) >= 0.99
+
+
+class TinyBlock(nn.Module):
+    """One pre-norm attention + MLP block over SDPA, with learned positions taken from position_ids."""
+
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.pos = nn.Embedding(512, dim)
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.pos(position_ids)
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        x = x + self.out(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, d))
+        return x + self.mlp(self.norm2(x))
+
+
+def packed_setup(n: int = 60, pack_length: int = 128) -> tuple[TokenBucketDataset, CostModel]:
+    rng = np.random.default_rng(0)
+    table = pa.table({"key": [f"s{i:03d}" for i in range(n)], "cameras": [1] * n, "frames": [1] * n,
+                      "height": [14] * n, "width": [14] * n, "text_tokens": rng.integers(3, 90, n)})
+    spec = TokenSpec(patch=14)
+    lengths = breakdown_table(table, spec).totals
+    cost = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32", attention="eager"))
+    plan = plan_buckets(lengths, cost, 2**30, max_buckets=1)
+    return TokenBucketDataset(RandomTokens(lengths, 16), metadata=table, spec=spec, plan=plan), cost
+
+
+def test_packed_row_computes_what_each_sample_alone_computes() -> None:
+    torch.manual_seed(0)
+    data, cost = packed_setup()
+    rows = pack_rows(data.lengths, 128, seed=0)
+    collate = PackedCollate(data, 128, rows_per_batch=4, cost_model=cost)
+    block = TinyBlock().eval()
+    checked = 0
+    with torch.no_grad():
+        for start in range(0, len(rows), 4):
+            batch = collate([data[i] for r in rows[start:start + 4] for i in r])
+            out = block(batch["tokens"], batch["position_ids"], block_diagonal_mask(batch["segment_ids"]))
+            for r, row in enumerate(batch["index"]):
+                pos = 0
+                for i in row:
+                    n = int(data.lengths[i])
+                    alone = block(data[i][1]["tokens"][None], torch.arange(n)[None])[0]
+                    torch.testing.assert_close(out[r, pos:pos + n], alone, atol=1e-5, rtol=1e-5)
+                    pos += n
+                    checked += 1
+    assert checked == len(data)  # every sample, in every row, matched its solo run
+
+
+def test_packed_collate_tensors_describe_the_rows() -> None:
+    data, cost = packed_setup()
+    rows = pack_rows(data.lengths, 128, seed=3)
+    collate = PackedCollate(data, 128, rows_per_batch=3, cost_model=cost)
+    for start in range(0, len(rows), 3):
+        group = rows[start:start + 3]
+        batch = collate([data[i] for r in group for i in r])
+        seg, pos = batch["segment_ids"], batch["position_ids"]
+        assert batch["tokens"].shape == (3, 128, 16) and batch["info"].shape == (3, 128)
+        assert len([r for r in batch["index"] if r]) <= len(group)  # next-fit needs no more rows
+        lengths = [int(data.lengths[i]) for r in batch["index"] for i in r]
+        assert batch["cu_seqlens"].tolist() == [0, *np.cumsum(lengths).tolist()]
+        assert batch["max_seqlen"] == max(lengths) and int((seg > 0).sum()) == sum(lengths)
+        for r, row in enumerate(batch["index"]):  # positions restart at 0 for every sample
+            starts = torch.nonzero(pos[r] == 0).flatten()[: len(row)].tolist()
+            assert [int(seg[r, s]) for s in starts] == list(range(1, len(row) + 1))
+        info = batch["info"]
+        assert info.real_tokens == sum(lengths) and info.predicted_peak_bytes == cost.memory(3, 128).total
+    with pytest.raises(ConfigError, match="rows of 128 tokens but holds 1"):
+        PackedCollate(data, 128, rows_per_batch=1)([data[i] for r in rows[:3] for i in r])
+
+
+def test_flex_block_mask_matches_the_sdpa_mask() -> None:
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    seg = torch.tensor([[1] * 40 + [2] * 50 + [3] * 30 + [0] * 8, [1] * 128])
+    q, k, v = (torch.randn(2, 2, 128, 8) for _ in range(3))
+    with pytest.warns(UserWarning, match="without torch.compile"):  # unfused on CPU, still exact
+        out = flex.flex_attention(q, k, v, block_mask=flex_block_mask(seg))
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=block_diagonal_mask(seg))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert math.isfinite(float(out.abs().max()))
