@@ -201,14 +201,8 @@ def spec_from_args(args: argparse.Namespace) -> Any:
 
 
 def _sample_arg(text: str) -> dict[str, Any]:
-    """``--sample``: one JSON object."""
-    try:
-        sample = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--sample should be a JSON object, but got {text!r} ({exc})") from None
-    if not isinstance(sample, dict):
-        raise ConfigError(f"--sample should be a JSON object, but got {text!r}")
-    return sample
+    """``--sample``: one JSON object (inline or ``@file.json``)."""
+    return _json_object_arg(text, "--sample")
 
 
 def _print_summary(summary: dict[str, Any], source: str, out: Any = None) -> None:
