@@ -15,7 +15,7 @@ from torch import nn
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket.collate import TokenBucketDataset
 from tokenbucket.packing import PackedCollate, block_diagonal_mask, flex_block_mask, pack_rows
-from tokenbucket.plan import plan_buckets
+from tokenbucket.plan import OversizeError, plan_buckets
 from tokenbucket.testing import RandomTokens, mixture_a
 
 
@@ -129,3 +129,123 @@ def test_flex_block_mask_matches_the_sdpa_mask() -> None:
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=block_diagonal_mask(seg))
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     assert math.isfinite(float(out.abs().max()))
+
+
+# -- the packed planning mode and its sampler --------------------------------------------------
+
+
+def test_plan_packed_on_mixture_a_flash_beats_the_oracle_in_one_shape() -> None:
+    from tokenbucket import gpu_budget_bytes
+    from tokenbucket._batching import max_batch_table
+
+    lengths = breakdown_table(mixture_a(200_000, seed=0), TokenSpec(patch=14)).totals
+    cost = CostModel(ModelSpec.preset("design-24L-1024"), "H100-SXM")
+    budget = gpu_budget_bytes("H100-SXM")
+    plan = plan_buckets(lengths, cost, budget, mode="packed", on_oversize="reject")
+    (b,) = plan.buckets  # one row shape
+    kept = lengths[lengths <= b.bound]
+    assert plan.mode == "packed" and b.samples == len(kept) and plan.oversize["count"] == len(lengths) - len(kept)
+    assert b.padding_efficiency >= 0.99 and b.predicted_peak_bytes <= budget
+    # the sort-everything-then-fill oracle on the same samples, at their own padded lengths
+    order = np.sort(kept)
+    caps = max_batch_table(cost, order, budget).tolist()
+    oracle, begin = 1, 0
+    for i in range(len(order)):
+        if i + 1 - begin > caps[i]:
+            oracle, begin = oracle + 1, i
+    assert b.batches < oracle
+    with pytest.raises(OversizeError, match="never split"):
+        plan_buckets(lengths, cost, budget, mode="packed")
+
+
+def packed_data(n: int = 90) -> tuple[TokenBucketDataset, CostModel]:
+    rng = np.random.default_rng(5)
+    table = pa.table({"key": [f"p{i:03d}" for i in range(n)], "cameras": [1] * n, "frames": [1] * n,
+                      "height": [14] * n, "width": [14] * n, "text_tokens": rng.integers(3, 120, n)})
+    spec = TokenSpec(patch=14)
+    lengths = breakdown_table(table, spec).totals
+    cost = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32", attention="flash"))
+    plan = plan_buckets(lengths, cost, 2 * 2**20, mode="packed", pack_length=256)
+    return TokenBucketDataset(RandomTokens(lengths, 16), metadata=table, spec=spec, plan=plan), cost
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_packed_sampler_every_sample_once_equal_steps_rows_fit(world: int) -> None:
+    data, cost = packed_data()
+    b = data.plan.buckets[0]
+    assert b.batch_size > 1  # several rows a batch, so row boundaries matter
+    samplers = [data.sampler(seed=2, rank=r, world_size=world) for r in range(world)]
+    per_rank = [list(s) for s in samplers]
+    assert len({len(p) for p in per_rank}) == 1 and all(len(s) == len(per_rank[0]) for s in samplers)
+    real = [i for p in per_rank for batch in p for i in batch if i < len(data)]
+    assert sorted(real) == list(range(len(data)))
+    collate = PackedCollate(data, b.bound, b.batch_size, cost_model=cost)
+    for batch in per_rank[-1]:
+        out = collate([data[i] for i in batch])  # never more rows than the plan's batch holds
+        assert out["tokens"].shape[:2] == (b.batch_size, b.bound)
+        assert out["info"].predicted_peak_bytes <= data.plan.budget_bytes
+
+
+def test_packed_sampler_resumes_exactly() -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data, _ = packed_data()
+    b = data.plan.buckets[0]
+    full = [list(x) for x in data.sampler(seed=4)]
+    for stop in (0, 3, len(full)):  # the resume harness: start, middle, end
+        sampler = data.sampler(seed=4)
+        it = iter(sampler)
+        head = [next(it) for _ in range(stop)]
+        resumed = data.sampler(seed=4)
+        resumed.load_state_dict(sampler.state_dict())
+        assert head + [list(x) for x in resumed] == full
+    collate = PackedCollate(data, b.bound, b.batch_size)
+    loader = StatefulDataLoader(data, batch_sampler=data.sampler(seed=4), collate_fn=collate)
+    it = iter(loader)
+    first = [next(it)["index"] for _ in range(2)]
+    state = loader.state_dict()
+    again = StatefulDataLoader(data, batch_sampler=data.sampler(seed=4), collate_fn=collate)
+    again.load_state_dict(state)
+    seen = [i for batch in first + [x["index"] for x in again] for row in batch for i in row]
+    assert sorted(seen) == list(range(len(data)))
+    with pytest.raises(ConfigError, match="world_size"):
+        data.sampler(seed=4, rank=0, world_size=2).load_state_dict(data.sampler(seed=4).state_dict())
+
+
+def _packed_ddp_worker(rank: int, world: int, port: int, out: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        data, _ = packed_data()
+        sampler = data.sampler(seed=7)  # rank and world size from the process group
+        batches = [list(b) for b in sampler]
+        gathered: list[object] = [None] * world
+        dist.all_gather_object(gathered, batches)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump(gathered, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_packed_sampler_ddp_gloo_equal_steps_every_sample_once(tmp_path: object, world: int) -> None:
+    import json
+    import socket
+    from pathlib import Path
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    out = Path(str(tmp_path)) / "out.json"
+    mp.spawn(_packed_ddp_worker, args=(world, port, str(out)), nprocs=world, join=True)
+    ranks = json.loads(out.read_text())
+    assert len({len(r) for r in ranks}) == 1
+    n = 90
+    real = [i for r in ranks for b in r for i in b if i < n]
+    assert sorted(real) == list(range(n))

@@ -165,8 +165,14 @@ class TokenBucketDataset(Dataset[Any]):
         return str(self.breakdowns.column("key")[index].as_py())
 
     def sampler(self, **kwargs: Any) -> Any:
-        """A :class:`~tokenbucket.sampler.BucketBatchSampler` over this dataset's buckets."""
+        """A :class:`~tokenbucket.sampler.BucketBatchSampler` over this dataset's buckets (a
+        :class:`~tokenbucket.packing.PackedBatchSampler` for a packed plan)."""
         from tokenbucket.sampler import BucketBatchSampler
+
+        if self.plan.mode == "packed":
+            from tokenbucket.packing import PackedBatchSampler
+
+            return PackedBatchSampler.from_dataset(self, **kwargs)
 
         return BucketBatchSampler(self.buckets, self.plan.batch_sizes.tolist(), plan_id=self.plan_id, **kwargs)
 

@@ -29,15 +29,20 @@ With flash-attn on a GPU::
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.utils.data import Sampler
 
 from tokenbucket._exceptions import ConfigError
 
-__all__ = ["PackedCollate", "block_diagonal_mask", "flex_block_mask", "pack_rows"]
+if TYPE_CHECKING:
+    from tokenbucket.plan import BucketPlan
+
+__all__ = ["PackedBatchSampler", "PackedCollate", "block_diagonal_mask", "flex_block_mask", "pack_rows",
+           "packed_epoch_seconds", "plan_packing"]
 
 
 def pack_rows(lengths: Sequence[int] | np.ndarray, pack_length: int, *, seed: int = 0, epoch: int = 0,
@@ -183,3 +188,194 @@ class PackedCollate:
                          row_tokens=tuple(zip(*per_row.values(), strict=True)) if idx else ())
         return {"tokens": tokens, "segment_ids": segment, "position_ids": position, "attention_mask": segment > 0,
                 "cu_seqlens": cu, "max_seqlen": max(seqlens, default=0), "index": index, "info": info}
+
+
+# -- packing as a planning mode ------------------------------------------------------------------
+
+
+def _longest_row(cost_model: Any, budget_bytes: int, start: int) -> int:
+    """The longest row (in tokens) whose single-row batch fits the budget (0 if none)."""
+    if cost_model.memory(1, 1).total > budget_bytes:
+        return 0
+    lo, hi = 1, max(2, start)
+    while cost_model.memory(1, hi).total <= budget_bytes:
+        lo, hi = hi, hi * 2
+        if hi > 1 << 40:
+            raise ConfigError("the cost model's memory does not grow with the row length")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if cost_model.memory(1, mid).total <= budget_bytes else (lo, mid)
+    return lo
+
+
+def packed_epoch_seconds(cost_model: Any, rows_per_batch: int, pack_length: int, batches: int,
+                         sum_squares: int) -> float:
+    """Predicted epoch seconds of ``batches`` packed batches of ``rows_per_batch x pack_length``.
+
+    NOTE [ Packed FLOPs ]
+    The dense part (projections, MLP) runs on every token of the row, padding included. Attention
+    differs by kernel: a varlen / flash kernel computes each sample against itself only, Σ Lᵢ²
+    over the epoch's samples (``sum_squares``), whatever the rows; an eager (or masked SDPA)
+    kernel computes the whole ``pack_length²`` score matrix of every row and masks it.
+    """
+    from tokenbucket.plan import _step_cost
+
+    flops = cost_model.flops(rows_per_batch, pack_length)
+    step = _step_cost(cost_model, rows_per_batch, pack_length)
+    if cost_model.model.attention == "eager" or not flops.training:
+        return batches * step
+    model = cost_model.model
+    mult = 3.5 + (1 if model.checkpointing == "full" else 0)  # as CostModel.flops weighs attention
+    attention_share = mult * flops.attention / flops.training
+    per_token_attention = mult * model.layers * 4 * model.hidden  # per Lᵢ² (4·L²·D a layer, forward)
+    seconds_per_flop = step / flops.training
+    return float(batches * step * (1 - attention_share) + per_token_attention * sum_squares * seconds_per_flop)
+
+
+def plan_packing(lengths: Sequence[int] | np.ndarray, cost_model: Any, budget_bytes: int, *,
+                 pack_length: int | None = None, on_oversize: str = "error", seed: int = 0, pool: int = 4096,
+                 multiple: int = 64, candidates: int = 6, meta: dict[str, Any] | None = None) -> BucketPlan:
+    """A packed plan (``mode="packed"``): one row shape ``(rows_per_batch, pack_length)``.
+
+    ``pack_length`` is given, or chosen among ``candidates`` lengths from the longest sample up
+    to the longest row that fits the budget alone, by the predicted epoch time (NOTE [ Packed
+    FLOPs ]) of the rows :func:`pack_rows` makes; ``rows_per_batch`` is the cost model's largest
+    batch at ``pack_length``. Samples longer than ``pack_length`` are oversize (``on_oversize``:
+    ``error`` or ``reject``); none is ever split.
+    """
+    from tokenbucket.plan import Bucket, BucketPlan, OversizeError
+
+    if on_oversize not in ("error", "reject"):
+        raise ConfigError(f"on_oversize should be 'error' or 'reject', but got on_oversize={on_oversize!r}")
+    raw = np.asarray(lengths, dtype=np.int64)
+    if not len(raw):
+        raise ConfigError("there are no samples to plan")
+    top = _longest_row(cost_model, budget_bytes, int(raw.max()))
+    if pack_length is not None:
+        if cost_model.memory(1, pack_length).total > budget_bytes:
+            raise ConfigError(f"pack_length={pack_length:,} does not fit the budget even as one row "
+                              f"(the longest that fits is {top:,} tokens)")
+        top = pack_length
+    over = raw > top
+    oversize: dict[str, int] = {}
+    if over.any():
+        largest = int(raw.max())
+        need = int(cost_model.memory(1, largest).total)
+        if on_oversize == "error":
+            raise OversizeError(f"{int(over.sum()):,} sample(s) are longer than the longest row ({top:,} tokens): the "
+                                f"largest has {largest:,} tokens ({need / 2**30:,.2f} GiB alone, budget "
+                                f"{budget_bytes / 2**30:,.2f} GiB); samples are never split: pass "
+                                f"on_oversize='reject' to plan without them")
+        oversize = {"count": int(over.sum()), "largest": largest, "largest_bytes": need, "longest_fitting": top}
+        raw = raw[~over]
+    longest = int(raw.max())
+    if pack_length is not None:
+        options = [pack_length]
+    else:  # rounded up to `multiple`, capped at the longest row that fits
+        grid = np.geomspace(longest, top, candidates) if top > longest else np.array([top])
+        options = sorted({min(top, -(-int(g) // multiple) * multiple) for g in grid} | {top})
+    squares = int((raw.astype(np.float64) ** 2).sum())
+    best: tuple[float, int, int, int] | None = None
+    for length in options:
+        rows_per_batch = cost_model.max_batch(length, budget_bytes)
+        rows = len(pack_rows(raw, length, seed=seed, pool=pool))
+        batches = -(-rows // rows_per_batch)
+        seconds = packed_epoch_seconds(cost_model, rows_per_batch, length, batches, squares)
+        if best is None or seconds <= best[0]:
+            best = (seconds, length, rows_per_batch, batches)
+    assert best is not None
+    seconds, length, rows_per_batch, batches = best
+    peak = int(cost_model.memory(rows_per_batch, length).total)
+    tokens, padded = int(raw.sum()), batches * rows_per_batch * length
+    bucket = Bucket(bound=length, batch_size=rows_per_batch, samples=len(raw), batches=batches, tokens=tokens,
+                    padded_tokens=padded, predicted_peak_bytes=peak, fill=peak / budget_bytes,
+                    padding_efficiency=tokens / padded, step_seconds=seconds / batches)
+    return BucketPlan("packed", budget_bytes, (bucket,), oversize, {**dict(meta or {}), "pack_pool": pool,
+                                                                   "pack_seed": seed})
+
+
+# -- the sampler ---------------------------------------------------------------------------------
+
+
+class PackedBatchSampler(Sampler[list[int]]):
+    """One rank's packed batches for ``DataLoader(batch_sampler=...)``, with
+    :class:`PackedCollate`: each batch is its rows' indices, rows concatenated.
+
+    Each epoch :func:`pack_rows` packs the samples (by ``(seed, epoch)``), ``rows_per_batch``
+    rows make a batch, and rank ``r`` takes batches ``r, r + world_size, ...``; the last
+    batches are filled up to a multiple of ``world_size`` with an empty batch (one empty row,
+    see :func:`~tokenbucket.sampler.empty_row`), so every rank takes the same number of steps and
+    every sample is in exactly one batch.
+
+    State keys: ``epoch``, ``step``, ``plan_id``, ``world_size``, ``seed``, ``mode``.
+    """
+
+    STATE_KEYS = ("epoch", "step", "plan_id", "world_size", "seed", "mode")
+
+    def __init__(self, lengths: Sequence[int] | np.ndarray, pack_length: int, rows_per_batch: int, *, plan_id: str,
+                 seed: int = 0, shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
+                 pool: int = 4096, valid: Sequence[bool] | np.ndarray | None = None) -> None:
+        from tokenbucket.sampler import _dist_defaults
+
+        self.rank, self.world_size = _dist_defaults(rank, world_size)
+        if rows_per_batch < 1:
+            raise ConfigError(f"rows_per_batch should be a positive integer, but got rows_per_batch={rows_per_batch}")
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        keep = self.lengths <= pack_length if valid is None else np.asarray(valid, dtype=bool)
+        self.members = np.flatnonzero(keep)
+        self.pack_length, self.rows_per_batch = int(pack_length), int(rows_per_batch)
+        self.plan_id, self.seed, self.shuffle, self.pool = plan_id, int(seed), shuffle, pool
+        self.mode = "packed"
+        self.epoch = self.step = self._resume = 0
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    @classmethod
+    def from_dataset(cls, data: Any, **kwargs: Any) -> PackedBatchSampler:
+        """For a :class:`~tokenbucket.collate.TokenBucketDataset` with a packed plan."""
+        b = data.plan.buckets[0]
+        kwargs.setdefault("seed", data.plan.meta.get("pack_seed", 0))
+        kwargs.setdefault("pool", data.plan.meta.get("pack_pool", 4096))
+        return cls(data.lengths, b.bound, b.batch_size, plan_id=data.plan_id, valid=data.buckets >= 0, **kwargs)
+
+    def _batches(self) -> list[list[int]]:
+        if self._cache is None or self._cache[0] != self.epoch:
+            from tokenbucket.sampler import empty_row
+
+            rows = pack_rows(self.lengths[self.members], self.pack_length, seed=self.seed, epoch=self.epoch,
+                             pool=self.pool, shuffle=self.shuffle)
+            members = self.members.tolist()
+            r = self.rows_per_batch
+            batches = [[members[i] for row in rows[s:s + r] for i in row] for s in range(0, len(rows), r)]
+            batches += [[empty_row(len(self.lengths), 0)]] * (-len(batches) % self.world_size)
+            self._cache = (self.epoch, batches)
+        return self._cache[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.step = self._resume = 0
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self._batches()) // self.world_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._batches()
+        start, self._resume = self._resume, 0
+        for s in range(start, len(batches) // self.world_size):
+            self.step = s + 1
+            yield batches[s * self.world_size + self.rank]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "step": self.step, "plan_id": self.plan_id, "world_size": self.world_size,
+                "seed": self.seed, "mode": self.mode}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        for key in ("plan_id", "world_size", "seed", "mode"):
+            theirs, mine = state.pop(key), getattr(self, key)
+            if theirs != mine:
+                raise ConfigError(f"cannot resume: saved {key}={theirs!r} but this sampler has {key}={mine!r}")
+        self.epoch = int(state.pop("epoch"))
+        self.step = self._resume = int(state.pop("step"))
+        if state:
+            raise ConfigError(f"unexpected keys in the packed sampler state: {sorted(state)}")

@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 PLAN_FORMAT = 1
-Mode = Literal["static", "dynamic"]
+Mode = Literal["static", "dynamic", "packed"]
 
 
 class OversizeError(TokenbucketError, ValueError):
@@ -259,6 +259,7 @@ def plan_buckets(
     pool_batches: int = 32,
     seed: int = 0,
     meta: dict[str, Any] | None = None,
+    pack_length: int | None = None,
 ) -> BucketPlan:
     """Plan at most ``max_buckets`` memory-safe buckets minimising predicted epoch time.
 
@@ -269,13 +270,15 @@ def plan_buckets(
             without, FLOPs at 1 PFLOP/s).
         budget_bytes: the memory every batch must fit.
         max_buckets: at most this many buckets (static mode: this many shapes).
-        mode: ``static`` or ``dynamic`` (see the module docstring).
+        mode: ``static``, ``dynamic`` (see the module docstring) or ``packed``
+            (:func:`tokenbucket.packing.plan_packing`: one row shape, samples packed whole).
         on_oversize: ``error`` (default) or ``reject`` for samples that fit not even alone.
         multiple: bounds are multiples of this (64: tensor-core friendly shapes).
         max_candidates: candidate bounds for the dynamic programme.
         pool_batches: dynamic mode: batches per shuffled, sorted pool.
         seed: dynamic mode: the pool shuffle of the simulation.
         meta: recorded in the plan (model, GPU, ...).
+        pack_length: packed mode: the row length (default: chosen by predicted epoch time).
 
     Raises:
         OversizeError: with ``on_oversize="error"`` when some sample does not fit alone; the
@@ -283,8 +286,15 @@ def plan_buckets(
     """
     if isinstance(max_buckets, bool) or not isinstance(max_buckets, int) or max_buckets < 1:
         raise ConfigError(f"max_buckets should be a positive integer, but got max_buckets={max_buckets!r}")
-    if mode not in ("static", "dynamic"):
-        raise ConfigError(f"mode should be 'static' or 'dynamic', but got mode={mode!r}")
+    if mode not in ("static", "dynamic", "packed"):
+        raise ConfigError(f"mode should be 'static', 'dynamic' or 'packed', but got mode={mode!r}")
+    if mode == "packed":
+        if isinstance(lengths, LengthHistogram):
+            raise ConfigError("packed mode packs the samples themselves: give the lengths, not a histogram")
+        from tokenbucket.packing import plan_packing
+
+        return plan_packing(lengths, cost_model, budget_bytes, pack_length=pack_length, on_oversize=on_oversize,
+                            seed=seed, multiple=multiple, meta=meta)
     if on_oversize not in ("error", "reject"):
         raise ConfigError(f"on_oversize should be 'error' or 'reject', but got on_oversize={on_oversize!r}")
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1:
