@@ -22,10 +22,13 @@ imports are that process's), each returning its batches as index lists:
   upper bound);
 * the oracle: every sample sorted by length, batches filled greedily while they fit (best
   padding, no randomness, a new shape almost every batch);
-* tokenbucket static (at most 32 shapes) and dynamic (``BucketBatchSampler``).
+* tokenbucket static (at most 32 shapes) and dynamic (``BucketBatchSampler``), and packed
+  (``plan_buckets(mode="packed")`` + ``PackedBatchSampler``: whole samples packed into rows of
+  one shape, attention kept within each sample).
 
 Scored per batch at the shape it is padded to: the peers' and dynamic batches at
-(samples, longest), static ones at their bucket's (batch size, bound). Columns: batches per
+(samples, longest), static ones at their bucket's (batch size, bound), packed ones at
+(rows per batch, pack length). Columns: batches per
 epoch, padding efficiency (real tokens / padded), mean fill of the budget, batches predicted
 over the budget (the OOM proxy), distinct shapes, build and iteration seconds, and the peak
 resident memory above what the process held after its imports (lhotse's CutSet counts: it is
@@ -183,6 +186,22 @@ start = time.perf_counter()
 batches = [np.asarray(b) for b in sampler]
 t_iter = time.perf_counter() - start
 finish(batches, natural(batches), t_build, t_iter)
+""",
+    "tokenbucket packed (1 shape)": """
+from tokenbucket.plan import plan_buckets
+from tokenbucket.packing import PackedBatchSampler
+from tokenbucket.sampler import plan_id_of
+base = hwm("VmRSS")
+start = time.perf_counter()
+plan = plan_buckets(lengths, cost, budget, mode="packed")
+b = plan.buckets[0]
+sampler = PackedBatchSampler(lengths, b.bound, b.batch_size, plan_id=plan_id_of(plan.to_json()), seed=0)
+n = len(sampler)
+t_build = time.perf_counter() - start
+start = time.perf_counter()
+batches = [np.asarray(x) for x in sampler]
+t_iter = time.perf_counter() - start
+finish(batches, [(b.batch_size, b.bound)] * len(batches), t_build, t_iter)
 """,
 }
 

@@ -3,6 +3,7 @@ compute exactly what each sample alone would, and the collate's packed tensors."
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -116,6 +117,13 @@ def test_packed_collate_tensors_describe_the_rows() -> None:
             assert [int(seg[r, s]) for s in starts] == list(range(1, len(row) + 1))
         info = batch["info"]
         assert info.real_tokens == sum(lengths) and info.predicted_peak_bytes == cost.memory(3, 128).total
+    # the token layout: every sample's segments, at its place in the row, tile the real tokens
+    laid = PackedCollate(data, 128, rows_per_batch=3, with_layout=True)([data[i] for r in rows[:3] for i in r])
+    for r, segments in enumerate(laid["layout"]):
+        covered = sorted((g.start, g.stop) for g in segments)
+        assert covered[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(covered))
+        assert covered[-1][1] == int((laid["segment_ids"][r] > 0).sum())
+        assert {g.modality for g in segments} <= {"vision", "text"}
     with pytest.raises(ConfigError, match="rows of 128 tokens but holds 1"):
         PackedCollate(data, 128, rows_per_batch=1)([data[i] for r in rows[:3] for i in r])
 

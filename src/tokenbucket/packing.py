@@ -120,8 +120,10 @@ class PackedCollate:
     ``[L_i, ...]`` whose length is the sample's token count). Returns ``tokens`` ``[R, P, ...]``,
     ``segment_ids`` and ``position_ids`` ``[R, P]``, ``attention_mask`` ``[R, P]`` (True on real
     tokens), ``cu_seqlens`` (int32) and ``max_seqlen`` over the real tokens in row order,
-    ``index`` (per row, the dataset indices in it) and ``info`` (a ``BatchInfo`` whose shape is
-    ``(R, P)``, predicted with ``cost_model`` when given).
+    ``index`` (per row, the dataset indices in it), ``info`` (a ``BatchInfo`` whose shape is
+    ``(R, P)``, predicted with ``cost_model`` when given) and, with ``with_layout``, ``layout``:
+    per row the :class:`~tokenbucket.collate.Segment` s of its samples (camera / frame / modality
+    slices) at their places in the row.
 
     Args:
         data: the :class:`~tokenbucket.collate.TokenBucketDataset` (lengths, keys, plan budget).
@@ -130,9 +132,11 @@ class PackedCollate:
     """
 
     def __init__(self, data: Any, pack_length: int, rows_per_batch: int | None = None, *, tokens_key: str = "tokens",
-                 pad_value: float = 0, cost_model: Any = None, budget_bytes: int | None = None) -> None:
+                 pad_value: float = 0, cost_model: Any = None, budget_bytes: int | None = None,
+                 with_layout: bool = False) -> None:
         self.data, self.pack_length, self.rows_per_batch = data, int(pack_length), rows_per_batch
         self.tokens_key, self.pad_value, self.cost_model = tokens_key, pad_value, cost_model
+        self.with_layout = with_layout
         self.budget_bytes = budget_bytes if budget_bytes is not None else int(data.plan.budget_bytes)
 
     def __call__(self, batch: Sequence[tuple[int, Any]]) -> dict[str, Any]:
@@ -186,8 +190,29 @@ class PackedCollate:
                          padded_tokens=R * P, predicted_peak_bytes=peak, risk=peak / self.budget_bytes,
                          indices=tuple(idx), lengths=tuple(seqlens),
                          row_tokens=tuple(zip(*per_row.values(), strict=True)) if idx else ())
-        return {"tokens": tokens, "segment_ids": segment, "position_ids": position, "attention_mask": segment > 0,
-                "cu_seqlens": cu, "max_seqlen": max(seqlens, default=0), "index": index, "info": info}
+        out = {"tokens": tokens, "segment_ids": segment, "position_ids": position, "attention_mask": segment > 0,
+               "cu_seqlens": cu, "max_seqlen": max(seqlens, default=0), "index": index, "info": info}
+        if self.with_layout:
+            out["layout"] = self._layout(index)
+        return out
+
+    def _layout(self, index: list[list[int]]) -> list[list[Any]]:
+        """Per row, each sample's :class:`~tokenbucket.collate.Segment` s (camera / frame / modality),
+        shifted to where the sample starts in its row."""
+        import dataclasses
+
+        from tokenbucket.collate import token_layout
+
+        rows = []
+        for row in index:
+            start, segments = 0, []
+            for i in row:
+                bd = self.data.breakdown(i)
+                segments += [dataclasses.replace(g, start=g.start + start, stop=g.stop + start)
+                             for g in token_layout(bd, self.data.spec)]
+                start += bd.total
+            rows.append(segments)
+        return rows
 
 
 # -- packing as a planning mode ------------------------------------------------------------------
