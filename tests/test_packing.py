@@ -257,3 +257,28 @@ def test_packed_sampler_ddp_gloo_equal_steps_every_sample_once(tmp_path: object,
     n = 90
     real = [i for r in ranks for b in r for i in b if i < n]
     assert sorted(real) == list(range(n))
+
+
+def test_packed_manifest_from_the_cli_feeds_the_packed_sampler(tmp_path: object) -> None:
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from tokenbucket.cli import main
+    from tokenbucket.manifest import load_manifest
+    from tokenbucket.packing import PackedBatchSampler
+    from tokenbucket.sampler import BucketBatchSampler
+
+    root = Path(str(tmp_path))
+    pq.write_table(mixture_a(2000, seed=2), root / "meta.parquet")
+    code = main(["plan", str(root / "meta.parquet"), "--patch", "56", "--preset", "design-24L-1024", "--gpu",
+                 "H100-SXM", "--mode", "packed", "--on-oversize", "reject", "--out", str(root / "m.parquet")])
+    assert code == 0
+    manifest = load_manifest(root / "m.parquet")
+    assert manifest.plan.mode == "packed" and len(manifest.plan.buckets) == 1
+    sampler = PackedBatchSampler.from_manifest(manifest, seed=0, rank=0, world_size=1)
+    seen = sorted(i for batch in sampler for i in batch)
+    valid = np.flatnonzero(manifest.table.column("bucket").to_numpy() >= 0).tolist()
+    assert seen == valid
+    with pytest.raises(ConfigError, match="PackedBatchSampler"):
+        BucketBatchSampler.from_manifest(manifest)

@@ -734,7 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpu", help="GPU target (see `tokenbucket gpus`)")
     plan.add_argument("--budget-gib", type=float, help="memory budget instead of a GPU's")
     plan.add_argument("--max-buckets", type=int, default=32)
-    plan.add_argument("--mode", dest="plan_mode", choices=["static", "dynamic"], default="static",
+    plan.add_argument("--mode", dest="plan_mode", choices=["static", "dynamic", "packed"], default="static",
                       help="static: at most K shapes; dynamic: batches padded to their own longest sample")
     plan.add_argument("--on-oversize", choices=["error", "reject"], default="error")
     plan.add_argument("--on-invalid", choices=["raise", "reject"], default="raise")

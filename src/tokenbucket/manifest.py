@@ -201,9 +201,9 @@ def build_manifest(
     else:
         if budget_bytes is None:
             raise ConfigError("build_manifest with a cost model needs budget_bytes (or pass a BucketPlan)")
-        hist, raw = _count(paths, spec, batch_rows, keep_lengths=mode == "dynamic", progress=progress,
+        hist, raw = _count(paths, spec, batch_rows, keep_lengths=mode in ("dynamic", "packed"), progress=progress,
                            total_rows=total_rows)
-        lengths: Any = raw if mode == "dynamic" else hist
+        lengths: Any = raw if mode in ("dynamic", "packed") else hist  # both simulate the samples themselves
         plan = plan_buckets(lengths, plan_or_cost, budget_bytes, max_buckets=max_buckets, mode=mode,  # type: ignore[arg-type]
                             on_oversize=on_oversize, meta=meta)  # type: ignore[arg-type]
     bounds = plan.bounds

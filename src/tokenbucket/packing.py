@@ -362,6 +362,19 @@ class PackedBatchSampler(Sampler[list[int]]):
         kwargs.setdefault("pool", data.plan.meta.get("pack_pool", 4096))
         return cls(data.lengths, b.bound, b.batch_size, plan_id=data.plan_id, valid=data.buckets >= 0, **kwargs)
 
+    @classmethod
+    def from_manifest(cls, manifest: Any, **kwargs: Any) -> PackedBatchSampler:
+        """A sampler over a packed :class:`~tokenbucket.manifest.Manifest` (rows in dataset order)."""
+        plan = manifest.plan
+        if plan.mode != "packed":
+            raise ConfigError(f"this manifest's plan is {plan.mode!r}, not 'packed': use BucketBatchSampler.from_manifest")
+        b = plan.buckets[0]
+        kwargs.setdefault("seed", plan.meta.get("pack_seed", 0))
+        kwargs.setdefault("pool", plan.meta.get("pack_pool", 4096))
+        lengths = manifest.table.column("total").fill_null(0).to_numpy()
+        valid = manifest.table.column("bucket").to_numpy() >= 0
+        return cls(lengths, b.bound, b.batch_size, plan_id=manifest.content_hash, valid=valid, **kwargs)
+
     def _batches(self) -> list[list[int]]:
         if self._cache is None or self._cache[0] != self.epoch:
             from tokenbucket.sampler import empty_row

@@ -230,6 +230,8 @@ class BucketBatchSampler(Sampler[list[int]]):
         A dynamic-mode manifest needs the ``cost_model`` it was planned with, to fill batches.
         """
         plan = manifest.plan
+        if plan.mode == "packed":
+            raise ConfigError("a packed manifest is read by tokenbucket.packing.PackedBatchSampler.from_manifest")
         buckets = manifest.table.column("bucket").to_numpy()
         if plan.mode == "dynamic":
             if cost_model is None:
