@@ -66,15 +66,21 @@ class TinyBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-def packed_setup(n: int = 60, pack_length: int = 128) -> tuple[TokenBucketDataset, CostModel]:
-    rng = np.random.default_rng(0)
+def one_camera_data(n: int, seed: int, max_text: int, attention: str, **plan_kwargs: object
+                    ) -> tuple[TokenBucketDataset, CostModel]:
+    """``n`` samples of one 14 px frame (1 token) plus 3 .. max_text text tokens, as real sequences."""
+    rng = np.random.default_rng(seed)
     table = pa.table({"key": [f"s{i:03d}" for i in range(n)], "cameras": [1] * n, "frames": [1] * n,
-                      "height": [14] * n, "width": [14] * n, "text_tokens": rng.integers(3, 90, n)})
+                      "height": [14] * n, "width": [14] * n, "text_tokens": rng.integers(3, max_text, n)})
     spec = TokenSpec(patch=14)
     lengths = breakdown_table(table, spec).totals
-    cost = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32", attention="eager"))
-    plan = plan_buckets(lengths, cost, 2**30, max_buckets=1)
+    cost = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32", attention=attention))
+    plan = plan_buckets(lengths, cost, **plan_kwargs)
     return TokenBucketDataset(RandomTokens(lengths, 16), metadata=table, spec=spec, plan=plan), cost
+
+
+def packed_setup() -> tuple[TokenBucketDataset, CostModel]:
+    return one_camera_data(60, 0, 90, "eager", budget_bytes=2**30, max_buckets=1)
 
 
 def test_packed_row_computes_what_each_sample_alone_computes() -> None:
@@ -166,15 +172,8 @@ def test_plan_packed_on_mixture_a_flash_beats_the_oracle_in_one_shape() -> None:
         plan_buckets(lengths, cost, budget, mode="packed")
 
 
-def packed_data(n: int = 90) -> tuple[TokenBucketDataset, CostModel]:
-    rng = np.random.default_rng(5)
-    table = pa.table({"key": [f"p{i:03d}" for i in range(n)], "cameras": [1] * n, "frames": [1] * n,
-                      "height": [14] * n, "width": [14] * n, "text_tokens": rng.integers(3, 120, n)})
-    spec = TokenSpec(patch=14)
-    lengths = breakdown_table(table, spec).totals
-    cost = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32", attention="flash"))
-    plan = plan_buckets(lengths, cost, 2 * 2**20, mode="packed", pack_length=256)
-    return TokenBucketDataset(RandomTokens(lengths, 16), metadata=table, spec=spec, plan=plan), cost
+def packed_data() -> tuple[TokenBucketDataset, CostModel]:
+    return one_camera_data(90, 5, 120, "flash", budget_bytes=2 * 2**20, mode="packed", pack_length=256)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
