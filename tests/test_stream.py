@@ -81,7 +81,7 @@ def test_stream_max_buffered_bounds_what_waits() -> None:
     unbounded = list(StreamBucketer(plan, SPEC, lookahead=1)(stream))
     list(Probe(plan, SPEC, max_buffered=25, lookahead=1)(stream))
     assert max(waiting) <= 25
-    assert len(unbounded) < StreamBucketer(plan, SPEC, max_buffered=25, lookahead=1).stats.batches + len(waiting)
+    assert len(unbounded) < len(waiting)  # the bound forces extra, partial batches out
 
 
 def test_stream_invalid_and_oversize_are_rejected_with_keys_and_the_rest_goes_on() -> None:

@@ -164,6 +164,39 @@ class TokenBucketDataset(Dataset[Any]):
     def key(self, index: int) -> str:
         return str(self.breakdowns.column("key")[index].as_py())
 
+    def tokens_of(self, index: int, item: Any, tokens_key: str) -> torch.Tensor:
+        """Sample ``index``'s token tensor, refused when its length is not its metadata's count
+        (a sample whose data disagrees with its metadata is how "impossible" OOMs happen)."""
+        t: torch.Tensor = item[tokens_key]
+        expected = int(self.lengths[index])
+        if t.shape[0] != expected:
+            raise ConfigError(f"sample {index} (key {self.key(index)!r}): its metadata says {expected} tokens "
+                              f"but its {tokens_key!r} tensor has shape {tuple(t.shape)}")
+        return t
+
+    def batch_info(self, indices: Sequence[int], *, bucket: int, shape: tuple[int, int],
+                   predicted_peak_bytes: int) -> BatchInfo:
+        """The :class:`BatchInfo` of a batch holding ``indices`` (in row order) at ``shape``."""
+        idx = list(indices)
+        per_row = {name: values[idx].tolist() for name, values in self.modality_tokens.items()}
+        lengths = tuple(int(n) for n in self.lengths[idx].tolist())
+        return BatchInfo(bucket=bucket, shape=shape, keys=tuple(self.key(i) for i in idx),
+                         tokens={name: int(sum(v)) for name, v in per_row.items()}, real_tokens=sum(lengths),
+                         padded_tokens=shape[0] * shape[1], predicted_peak_bytes=predicted_peak_bytes,
+                         risk=predicted_peak_bytes / self.plan.budget_bytes, indices=tuple(idx), lengths=lengths,
+                         row_tokens=tuple(zip(*per_row.values(), strict=True)) if idx else ())
+
+    def camera_tokens(self, indices: Sequence[int]) -> dict[str, int] | None:
+        """Tokens per camera name summed over ``indices`` (``None`` without per-sample metadata)."""
+        out: dict[str, int] = {}
+        try:
+            for i in indices:
+                for cam in self.breakdown(i).cameras:
+                    out[cam.name] = out.get(cam.name, 0) + cam.tokens
+        except ConfigError:  # a manifest without the metadata: no per-camera counts
+            return None
+        return out
+
     def sampler(self, **kwargs: Any) -> Any:
         """A :class:`~tokenbucket.sampler.BucketBatchSampler` over this dataset's buckets (a
         :class:`~tokenbucket.packing.PackedBatchSampler` for a packed plan)."""
@@ -291,16 +324,7 @@ class BucketCollate:
         real = [(i, item) for i, item in batch if not isinstance(item, EmptyRow)]
         empties = [item for _, item in batch if isinstance(item, EmptyRow)]
         bucket = int(data.buckets[real[0][0]]) if real else empties[0].bucket
-        seqs = []
-        for i, item in real:
-            t = item[self.tokens_key]
-            expected = int(data.lengths[i])
-            if t.shape[0] != expected:
-                raise ConfigError(
-                    f"sample {i} (key {data.key(i)!r}): its metadata says {expected} tokens "
-                    f"but its {self.tokens_key!r} tensor has shape {tuple(t.shape)}"
-                )
-            seqs.append(t)
+        seqs = [data.tokens_of(i, item, self.tokens_key) for i, item in real]
         if plan.mode == "static":
             rows, length = plan.buckets[bucket].batch_size, plan.buckets[bucket].bound
             if self._split_rows is not None:
@@ -321,34 +345,17 @@ class BucketCollate:
             row_mask[r] = True
             index[r] = i
         idx = [i for i, _ in real]
-        per_row = {name: values[idx].tolist() for name, values in data.modality_tokens.items()}
-        sums = {name: int(sum(v)) for name, v in per_row.items()}
-        lengths = tuple(int(s.shape[0]) for s in seqs)
         peak = (int(self.cost_model.memory(rows, length).total) if self.cost_model is not None
                 else plan.buckets[bucket].predicted_peak_bytes)
-        info = BatchInfo(bucket=bucket, shape=(rows, length), keys=tuple(data.key(i) for i in idx), tokens=sums,
-                         real_tokens=sum(lengths), padded_tokens=rows * length, predicted_peak_bytes=peak,
-                         risk=peak / plan.budget_bytes, indices=tuple(idx), lengths=lengths,
-                         row_tokens=tuple(zip(*per_row.values(), strict=True)) if idx else ())
+        info = data.batch_info(idx, bucket=bucket, shape=(rows, length), predicted_peak_bytes=peak)
         if info.risk > self.risk_threshold:  # NOTE [ Risk before the GPU ]
             from tokenbucket.risk import apply_risk_policy
 
-            info = dataclasses.replace(info, cameras=self._camera_tokens(idx))
+            # per-camera counts need each sample's metadata: only for the rare flagged batch
+            info = dataclasses.replace(info, cameras=data.camera_tokens(idx))
             apply_risk_policy(info, self.risk_threshold, self.on_risk, can_split=len(idx) > 1)
         out: dict[str, Any] = {"tokens": tokens, "attention_mask": attention, "row_mask": row_mask,
                                "index": index, "info": info}
         if self.with_layout:
             out["layout"] = [token_layout(data.breakdown(i), data.spec) for i in idx]
-        return out
-
-    def _camera_tokens(self, idx: list[int]) -> dict[str, int] | None:
-        # per-camera counts need each sample's metadata: only for the rare flagged batch
-        try:
-            breakdowns = [self.data.breakdown(i) for i in idx]
-        except ConfigError:
-            return None
-        out: dict[str, int] = {}
-        for bd in breakdowns:
-            for cam in bd.cameras:
-                out[cam.name] = out.get(cam.name, 0) + cam.tokens
         return out

@@ -366,16 +366,9 @@ class BucketMonitor:
                 "tokens": dict(info.tokens), "cameras": info.cameras or self._cameras(info)}
 
     def _cameras(self, info: Any) -> dict[str, int]:
-        out: dict[str, int] = {}
         if self.data is None or not info.indices:
-            return out
-        try:
-            for i in info.indices:
-                for cam in self.data.breakdown(i).cameras:
-                    out[cam.name] = out.get(cam.name, 0) + cam.tokens
-        except ConfigError:  # a manifest without metadata: no per-camera counts
             return {}
-        return out
+        return self.data.camera_tokens(info.indices) or {}
 
     # -- hooks around a step -----------------------------------------------------------------------
 

@@ -132,25 +132,21 @@ class PackedCollate:
     """
 
     def __init__(self, data: Any, pack_length: int, rows_per_batch: int | None = None, *, tokens_key: str = "tokens",
-                 pad_value: float = 0, cost_model: Any = None, budget_bytes: int | None = None,
-                 with_layout: bool = False) -> None:
+                 pad_value: float = 0, cost_model: Any = None, with_layout: bool = False) -> None:
         self.data, self.pack_length, self.rows_per_batch = data, int(pack_length), rows_per_batch
         self.tokens_key, self.pad_value, self.cost_model = tokens_key, pad_value, cost_model
         self.with_layout = with_layout
-        self.budget_bytes = budget_bytes if budget_bytes is not None else int(data.plan.budget_bytes)
 
     def __call__(self, batch: Sequence[tuple[int, Any]]) -> dict[str, Any]:
-        from tokenbucket.collate import BatchInfo, EmptyRow
+        from tokenbucket.collate import EmptyRow
 
         P = self.pack_length
-        samples = [(i, item[self.tokens_key]) for i, item in batch if not isinstance(item, EmptyRow)]
+        samples = [(i, self.data.tokens_of(i, item, self.tokens_key)) for i, item in batch
+                   if not isinstance(item, EmptyRow)]
         rows: list[list[tuple[int, torch.Tensor]]] = []
         used = P  # next-fit (NOTE [ Packed rows ])
         for i, t in samples:
             n = int(t.shape[0])
-            if n != int(self.data.lengths[i]):
-                raise ConfigError(f"sample {i} (key {self.data.key(i)!r}): its metadata says {int(self.data.lengths[i])} "
-                                  f"tokens but its {self.tokens_key!r} tensor has shape {tuple(t.shape)}")
             if n > P:
                 raise ConfigError(f"sample {i} has {n:,} tokens, more than pack_length={P:,}")
             if used + n > P:
@@ -182,14 +178,8 @@ class PackedCollate:
         cu = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
         if seqlens:
             cu[1:] = torch.cumsum(torch.tensor(seqlens, dtype=torch.int32), 0)
-        idx = [i for i, _ in samples]
-        per_row = {name: values[idx].tolist() for name, values in self.data.modality_tokens.items()}
-        peak = (int(self.cost_model.memory(R, P).total) if self.cost_model is not None else 0)
-        info = BatchInfo(bucket=0, shape=(R, P), keys=tuple(self.data.key(i) for i in idx),
-                         tokens={name: int(sum(v)) for name, v in per_row.items()}, real_tokens=sum(seqlens),
-                         padded_tokens=R * P, predicted_peak_bytes=peak, risk=peak / self.budget_bytes,
-                         indices=tuple(idx), lengths=tuple(seqlens),
-                         row_tokens=tuple(zip(*per_row.values(), strict=True)) if idx else ())
+        peak = int(self.cost_model.memory(R, P).total) if self.cost_model is not None else 0
+        info = self.data.batch_info([i for i, _ in samples], bucket=0, shape=(R, P), predicted_peak_bytes=peak)
         out = {"tokens": tokens, "segment_ids": segment, "position_ids": position, "attention_mask": segment > 0,
                "cu_seqlens": cu, "max_seqlen": max(seqlens, default=0), "index": index, "info": info}
         if self.with_layout:
@@ -220,17 +210,14 @@ class PackedCollate:
 
 def _longest_row(cost_model: Any, budget_bytes: int, start: int) -> int:
     """The longest row (in tokens) whose single-row batch fits the budget (0 if none)."""
-    if cost_model.memory(1, 1).total > budget_bytes:
-        return 0
-    lo, hi = 1, max(2, start)
-    while cost_model.memory(1, hi).total <= budget_bytes:
-        lo, hi = hi, hi * 2
+    from tokenbucket.plan import _longest_fitting
+
+    hi = max(1, start)
+    while cost_model.memory(1, hi).total <= budget_bytes:  # grow past the longest that fits ...
+        hi *= 2
         if hi > 1 << 40:
             raise ConfigError("the cost model's memory does not grow with the row length")
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if cost_model.memory(1, mid).total <= budget_bytes else (lo, mid)
-    return lo
+    return _longest_fitting(cost_model, hi, budget_bytes)  # ... then bisect below it
 
 
 def packed_epoch_seconds(cost_model: Any, rows_per_batch: int, pack_length: int, batches: int,

@@ -577,7 +577,8 @@ def stream_batch_counts(shard_lengths: Sequence[Sequence[int]], plan: Any, *, wo
     """
     workers = max(1, num_workers)
     out = np.zeros((world_size, workers), dtype=np.int64)
-    largest = int(plan.bounds[-1])
+    bounds = plan.bounds.tolist()  # bisect on a list: this loop visits every sample of the index
+    largest = bounds[-1]
     for rank in range(world_size):
         mine = list(shard_lengths)[rank::world_size]
         for w in range(workers):
@@ -587,8 +588,7 @@ def stream_batch_counts(shard_lengths: Sequence[Sequence[int]], plan: Any, *, wo
                 for length in shard:
                     if length > largest:
                         continue
-                    k = int(np.searchsorted(plan.bounds, length, side="left"))
-                    n += len(buffers.add(k, None, "", int(length)))
+                    n += len(buffers.add(bisect.bisect_left(bounds, length), None, "", int(length)))
             out[rank, w] = n + len(buffers.flush())
     return out
 
