@@ -187,10 +187,14 @@ def test_packed_sampler_every_sample_once_equal_steps_rows_fit(world: int) -> No
     real = [i for p in per_rank for batch in p for i in batch if i < len(data)]
     assert sorted(real) == list(range(len(data)))
     collate = PackedCollate(data, b.bound, b.batch_size, cost_model=cost)
+    feature = data[0][1]["tokens"].shape[1:]
     for batch in per_rank[-1]:
         out = collate([data[i] for i in batch])  # never more rows than the plan's batch holds
-        assert out["tokens"].shape[:2] == (b.batch_size, b.bound)
+        # a filler batch of empty rows only looks like every other batch (the model takes it)
+        assert out["tokens"].shape == (b.batch_size, b.bound, *feature) and out["tokens"].dtype == torch.float32
         assert out["info"].predicted_peak_bytes <= data.plan.budget_bytes
+    fillers = [batch for p in per_rank for batch in p if all(i >= len(data) for i in batch)]
+    assert world == 1 or fillers  # the tail's filler batches are exercised
 
 
 def test_packed_sampler_resumes_exactly() -> None:

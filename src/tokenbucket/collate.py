@@ -141,6 +141,7 @@ class TokenBucketDataset(Dataset[Any]):
                                 for name in ("vision", *MODALITIES)}
         self._metadata = table
         self._meta_fn = metadata if callable(metadata) else None
+        self._templates: dict[str, torch.Tensor] = {}
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -173,6 +174,14 @@ class TokenBucketDataset(Dataset[Any]):
             raise ConfigError(f"sample {index} (key {self.key(index)!r}): its metadata says {expected} tokens "
                               f"but its {tokens_key!r} tensor has shape {tuple(t.shape)}")
         return t
+
+    def token_template(self, tokens_key: str) -> torch.Tensor:
+        """A real sample's ``tokens_key`` tensor: what a batch of empty rows only takes its
+        per-token shape and dtype from, so that batch looks like every other (read once per key)."""
+        if tokens_key not in self._templates:
+            first = int(np.flatnonzero(self.buckets >= 0)[0])
+            self._templates[tokens_key] = self.dataset[first][tokens_key]
+        return self._templates[tokens_key]
 
     def batch_info(self, indices: Sequence[int], *, bucket: int, shape: tuple[int, int],
                    predicted_peak_bytes: int) -> BatchInfo:
@@ -310,14 +319,6 @@ class BucketCollate:
                 self._split_rows = [static_split(data.plan, cost_model, k, self.risk_threshold)[1]
                                     for k in range(len(data.plan.buckets))]
 
-    def _template(self) -> torch.Tensor:
-        # a batch of empty rows only: take the per-token shape and dtype from a real sample
-        if getattr(self, "_cached_template", None) is None:
-            first = int(np.flatnonzero(self.data.buckets >= 0)[0])
-            self._cached_template: torch.Tensor | None = self.data.dataset[first][self.tokens_key]
-        assert self._cached_template is not None
-        return self._cached_template
-
     def __call__(self, batch: Sequence[tuple[int, Any]]) -> dict[str, Any]:
         data = self.data
         plan = data.plan
@@ -334,7 +335,7 @@ class BucketCollate:
         if len(batch) > rows:
             raise ConfigError(f"a batch of {len(batch)} samples for bucket {bucket}, whose batches hold {rows}: "
                               f"the sampler and the collate disagree (a RiskSplitSampler without on_risk='split'?)")
-        template = seqs[0] if seqs else self._template()
+        template = seqs[0] if seqs else data.token_template(self.tokens_key)
         tokens = torch.full((rows, length, *template.shape[1:]), self.pad_value, dtype=template.dtype)
         attention = torch.zeros(rows, length, dtype=torch.bool)
         row_mask = torch.zeros(rows, dtype=torch.bool)

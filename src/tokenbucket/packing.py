@@ -158,7 +158,7 @@ class PackedCollate:
         if len(rows) > R:
             raise ConfigError(f"the batch needs {len(rows)} rows of {P:,} tokens but holds {R}: the sampler's packing "
                               f"and the collate's pack_length / rows_per_batch disagree")
-        template = samples[0][1] if samples else torch.zeros(1)
+        template = samples[0][1] if samples else self.data.token_template(self.tokens_key)
         tokens = torch.full((R, P, *template.shape[1:]), self.pad_value, dtype=template.dtype)
         segment = torch.zeros(R, P, dtype=torch.int32)
         position = torch.zeros(R, P, dtype=torch.long)
