@@ -14,6 +14,8 @@ imports are that process's), each returning its batches as index lists:
 
 * random: shuffled, fixed batch size B = the largest whose batch of p99-length samples fits;
 * HF ``LengthGroupedSampler`` (transformers) with the same B (mega-batches sorted by length);
+* both again with the B a user tunes for throughput: the largest whose batch of median-length
+  samples fits (the other side of a fixed batch size: fewer steps, batches over the budget);
 * lhotse ``DynamicBucketingSampler``, one dummy cut per sample with duration = tokens / 100,
   30 buckets, ``max_duration`` = the token budget a linear-in-tokens rule allows (fitted to the
   cost model: peak = static + a·tokens + b·tokens² per sample) and, where the attention term
@@ -61,6 +63,7 @@ attention = {attention!r}
 cost = CostModel(dataclasses.replace(ModelSpec.preset("design-24L-1024"), attention={attention!r}), {gpu!r})
 budget = gpu_budget_bytes({gpu!r})
 p99_batch = max(1, cost.max_batch(int(np.percentile(lengths, 99)), budget))
+median_batch = max(1, cost.max_batch(int(np.median(lengths)), budget))
 def hwm(key):
     return int([l for l in open("/proc/self/status") if l.startswith(key)][0].split()[1]) / 1024
 base = hwm("VmRSS")
@@ -73,29 +76,36 @@ def natural(batches):
     return [(len(b), int(lengths[b].max())) for b in batches]
 """
 
-STRATEGIES = {
-    "random, fixed batch (fits p99)": """
+RANDOM = """
 start = time.perf_counter()
 order = np.random.default_rng(0).permutation(len(lengths))
 t_build = time.perf_counter() - start
 start = time.perf_counter()
-batches = [order[i:i + p99_batch] for i in range(0, len(order), p99_batch)]
+batches = [order[i:i + B] for i in range(0, len(order), B)]
 t_iter = time.perf_counter() - start
 finish(batches, natural(batches), t_build, t_iter)
-""",
-    "HF LengthGroupedSampler (fits p99)": """
+"""
+
+HF = """
 import torch
 from transformers.trainer_pt_utils import LengthGroupedSampler
 base = hwm("VmRSS")
 start = time.perf_counter()
-sampler = LengthGroupedSampler(p99_batch, lengths=lengths.tolist(), generator=torch.Generator().manual_seed(0))
+sampler = LengthGroupedSampler(B, lengths=lengths.tolist(), generator=torch.Generator().manual_seed(0))
 t_build = time.perf_counter() - start
 start = time.perf_counter()
 order = np.fromiter(iter(sampler), dtype=np.int64, count=len(lengths))
-batches = [order[i:i + p99_batch] for i in range(0, len(order), p99_batch)]  # the Trainer's DataLoader
+batches = [order[i:i + B] for i in range(0, len(order), B)]  # the Trainer's DataLoader
 t_iter = time.perf_counter() - start
 finish(batches, natural(batches), t_build, t_iter)
-""",
+"""
+
+STRATEGIES = {
+    "random, fixed batch (fits p99)": "B = p99_batch" + RANDOM,
+    "HF LengthGroupedSampler (fits p99)": "B = p99_batch" + HF,
+    # the batch size a user tunes for throughput on typical samples: the other side of a fixed size
+    "random, fixed batch (fits median)": "B = median_batch" + RANDOM,
+    "HF LengthGroupedSampler (fits median)": "B = median_batch" + HF,
     "lhotse DynamicBucketingSampler": """
 import warnings
 warnings.simplefilter("ignore")
@@ -205,8 +215,18 @@ finish(batches, [(b.batch_size, b.bound)] * len(batches), t_build, t_iter)
 """,
 }
 
-PEERS = {"random, fixed batch (fits p99)": None, "HF LengthGroupedSampler (fits p99)": "transformers",
+PEERS = {"HF LengthGroupedSampler (fits p99)": "transformers", "HF LengthGroupedSampler (fits median)": "transformers",
          "lhotse DynamicBucketingSampler": "lhotse", "lhotse + per-bucket batch sizes": "lhotse"}
+
+
+def run_strategy(code: str, lengths_path: Path, attention: str, out: Path) -> dict[str, float]:
+    """Run one strategy in its own process; its batches land in ``out``, its timings come back."""
+    program = COMMON.format(lengths=str(lengths_path), attention=attention, gpu=GPU, out=str(out)) + code
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip().splitlines()[-1])
+    timing: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return timing
 
 
 def score(lengths: np.ndarray, npz: Path, cost: CostModel, budget: int) -> dict[str, float]:
@@ -242,17 +262,19 @@ def main() -> int:
                     print(f"| {attention} | {name} | ({needs} not installed: pip install -e '.[bench]') |||||||||")
                     continue
                 out = Path(tmp) / f"{attention}_{number}.npz"
-                program = COMMON.format(lengths=str(path), attention=attention, gpu=GPU, out=str(out)) + code
-                proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=False)
-                if proc.returncode != 0:
-                    print(f"| {attention} | {name} | failed: {proc.stderr.strip().splitlines()[-1][:120]} |||||||||")
+                try:
+                    timing = run_strategy(code, path, attention, out)
+                except RuntimeError as exc:
+                    print(f"| {attention} | {name} | failed: {str(exc)[:120]} |||||||||")
                     continue
-                timing = json.loads(proc.stdout.strip().splitlines()[-1])
                 r = score(lengths, out, cost, budget)
                 print(f"| {attention} | {name} | {r['batches']:,} | {r['padding_efficiency']:.3f} | "
                       f"{r['mean_fill']:.3f} | {r['over_budget']:,} | {r['shapes']:,} | {timing['build']:.2f} | "
                       f"{timing['iterate']:.2f} | {timing['peak_mib']:,.0f} |", flush=True)
             print(f"| {attention} | (removed first: fit not even alone) | {int((~fits).sum()):,} samples "
+                  f"|||||||||", flush=True)
+            fixed = [max(1, cost.max_batch(int(q), budget)) for q in np.percentile(lengths, [99, 50])]
+            print(f"| {attention} | (fixed batch sizes: fits p99 = {fixed[0]}, fits median = {fixed[1]}) "
                   f"|||||||||", flush=True)
     return 0
 
