@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,9 @@ def test_cli_report_out_writes_pngs_and_self_contained_html(
     assert page.count('src="data:image/png;base64,') == 4
     assert 'src="http' not in page and "<script" not in page
     assert "oom 1" in page
+    heads = re.findall(r"<th>(.*?)</th>", page)  # headings in words with the unit the cells are in
+    assert "latency p50 (ms)" in heads and "predicted peak (GiB)" in heads and "bucket" in heads
+    assert not [h for h in heads if "_" in h]
 
 
 def test_write_report_without_matplotlib_names_the_extra(

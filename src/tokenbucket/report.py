@@ -196,13 +196,23 @@ def _plots(log: RunLog, rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path
     return paths
 
 
+def _heading(key: str) -> str:
+    """A column heading for a summary key: words, with the unit its cells are shown in."""
+    for suffix, unit in (("_bytes", " (GiB)"), ("_s", " (ms)")):
+        if key.endswith(suffix):
+            return key[: -len(suffix)].replace("_", " ") + unit
+    return key.replace("_", " ")
+
+
 def _cell(head: str, value: Any) -> str:
     if value is None:
         return "–"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return html.escape(str(value))
     if head.endswith("_bytes"):
-        return f"{value / 2**30:,.2f} GiB"
+        return f"{value / 2**30:,.2f}"
+    if head.endswith("_s"):
+        return f"{value * 1e3:,.1f}"
     return f"{value:,.0f}" if abs(value) >= 1000 or isinstance(value, int) else f"{value:.4g}"
 
 
@@ -219,7 +229,7 @@ def write_report(log: RunLog, out_dir: str | Path) -> ReportFiles:
     rows = summarize_events(log.events)
     pngs = _plots(log, rows, out_dir)
     heads = list(rows[0]) if rows else []
-    table = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in heads) + "</tr>"
+    table = "<tr>" + "".join(f"<th>{html.escape(_heading(h))}</th>" for h in heads) + "</tr>"
     table += "".join("<tr>" + "".join(f"<td>{_cell(h, r.get(h))}</td>" for h in heads) + "</tr>" for r in rows)
     counts = ", ".join(f"{kind} {n:,}" for kind, n in log.counts().items())
     note = "<p><b>The last line was cut short (killed run?) and was skipped.</b></p>" if log.partial_last_line else ""
