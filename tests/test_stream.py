@@ -3,6 +3,7 @@ state, the plan estimate. (Real webdataset shards: tests/test_wds.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
+from tokenbucket.monitor import split_batch
 from tokenbucket.plan import plan_buckets
 from tokenbucket.stream import (
     BucketedStream,
@@ -66,6 +68,42 @@ def test_stream_every_sample_once_every_batch_fits(mode: str, max_buffered: int 
     if max_buffered is not None:
         assert stats.early > 0  # the bound forced partial batches out
     assert stats.real_tokens == sum(lengths.values())
+
+
+def test_stream_batches_report_tokens_by_modality(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tokenbucket.breakdown as breakdown
+
+    stream = samples(200)
+    rows = [json.loads(s["json"]) for s in stream]
+    table = breakdown_table(pa.Table.from_pylist(rows), SPEC).table
+    names = ("vision", "text", "proprio", "action", "memory")
+    expected = {r["key"]: tuple(table.column(n)[i].as_py() for n in names) for i, r in enumerate(rows)}
+    plan = plan_for(stream)
+    # a field of mixed types makes its chunk fall back to counting one by one: both paths report
+    stream[0] = {**stream[0], "json": json.dumps({**rows[0], "note": "x"}).encode()}
+    stream[1] = {**stream[1], "json": json.dumps({**rows[1], "note": 1}).encode()}
+    one_by_one: list[int] = []
+    real = breakdown.breakdown_sample
+    monkeypatch.setattr(breakdown, "breakdown_sample", lambda *a, **k: one_by_one.append(1) or real(*a, **k))
+    batches = list(StreamBucketer(plan, SPEC, lookahead=16)(stream))
+    assert len(one_by_one) == 16  # the chunk holding both
+    for b in batches:
+        info = b.info()
+        assert list(info.row_tokens) == [expected[k] for k in b.keys]
+        assert info.tokens == {n: sum(expected[k][j] for k in b.keys) for j, n in enumerate(names)}
+        assert sum(info.tokens.values()) == info.real_tokens == sum(b.lengths)
+    # what the OOM guard's split hands on for each part of a stream batch
+    b = next(b for b in batches if len(b.keys) > 2)
+    with_data = dataclasses.replace(b, samples=tuple({"tokens": torch.randn(n, 4)} for n in b.lengths))
+    whole = StreamCollate()(with_data)
+    parts = split_batch(whole, 2, cost_model=COST)
+    assert [k for p in parts for k in p["keys"]] == list(b.keys)
+    for p in parts:
+        info = p["info"]
+        assert list(info.keys) == p["keys"] and info.indices == ()
+        assert info.tokens == {n: sum(expected[k][j] for k in p["keys"]) for j, n in enumerate(names)}
+        assert p["tokens"].shape[:2] == (len(p["keys"]), max(info.lengths)) == info.shape
+        assert info.predicted_peak_bytes == COST.memory(*info.shape).total
 
 
 def test_stream_max_buffered_bounds_what_waits() -> None:

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.breakdown import TokenBreakdown, breakdown_sample, breakdown_table
-from tokenbucket.spec import MODALITIES, TokenSpec
+from tokenbucket.spec import MODALITIES, MODALITY_COLUMNS, TokenSpec
 
 __all__ = ["BatchInfo", "BucketCollate", "EmptyRow", "Segment", "TokenBucketDataset", "token_layout"]
 
@@ -138,7 +138,7 @@ class TokenBucketDataset(Dataset[Any]):
         self.lengths = self.breakdowns.column("total").fill_null(0).to_numpy()
         # per-modality counts as arrays, once: the collate sums them for every batch
         self.modality_tokens = {name: self.breakdowns.column(name).fill_null(0).to_numpy()
-                                for name in ("vision", *MODALITIES)}
+                                for name in MODALITY_COLUMNS}
         self._metadata = table
         self._meta_fn = metadata if callable(metadata) else None
         self._templates: dict[str, torch.Tensor] = {}
@@ -278,7 +278,8 @@ class BatchInfo:
             bucket=self.bucket, shape=(len(rows), length), keys=tuple(self.keys[r] for r in rows), tokens=tokens,
             real_tokens=sum(self.lengths[r] for r in rows), padded_tokens=len(rows) * length,
             predicted_peak_bytes=peak, risk=peak / budget if budget else self.risk,
-            indices=tuple(self.indices[r] for r in rows), lengths=tuple(self.lengths[r] for r in rows),
+            indices=tuple(self.indices[r] for r in rows) if self.indices else (),  # a stream's have none
+            lengths=tuple(self.lengths[r] for r in rows),
             row_tokens=tuple(self.row_tokens[r] for r in rows), cameras=None,
         )
 

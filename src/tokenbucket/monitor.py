@@ -233,11 +233,11 @@ def format_summary(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def split_batch(batch: Mapping[str, Any], parts: int, *, cost_model: Any = None) -> list[dict[str, Any]]:
-    """Cut a :class:`~tokenbucket.collate.BucketCollate` batch into ``parts`` batches of its real rows.
+    """Cut a :class:`~tokenbucket.collate.BucketCollate` (or ``StreamCollate``) batch into ``parts`` batches of its real rows.
 
     Empty rows are left out. Tensors whose first dimension is the batch's rows are sliced, and
-    those shaped ``[rows, length, ...]`` trimmed to the part's longest sample; ``layout`` is
-    sliced; ``info`` becomes the part's :meth:`~tokenbucket.collate.BatchInfo.subset`
+    those shaped ``[rows, length, ...]`` trimmed to the part's longest sample; ``layout`` and
+    ``keys`` are sliced; ``info`` becomes the part's :meth:`~tokenbucket.collate.BatchInfo.subset`
     (re-predicted with ``cost_model`` when given).
     """
     info = batch["info"]
@@ -255,7 +255,7 @@ def split_batch(batch: Mapping[str, Any], parts: int, *, cost_model: Any = None)
         for key, value in batch.items():
             if key == "info":
                 part[key] = info.subset(part_rows, length=longest, predicted_peak_bytes=peak)
-            elif key == "layout":
+            elif key in ("layout", "keys"):  # one entry per real row (BucketCollate, StreamCollate)
                 part[key] = [value[r] for r in part_rows]
             elif isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == rows:
                 t = value[start:start + len(part_rows)]

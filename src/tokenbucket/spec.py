@@ -436,6 +436,8 @@ class TokenSpec(CameraSpec):
 
 
 MODALITIES: tuple[str, ...] = ("text", "proprio", "action", "memory")
+# the per-sample counts a batch reports its tokens by (extras are in the total only)
+MODALITY_COLUMNS: tuple[str, ...] = ("vision", *MODALITIES)
 
 _NONE = CountRule(count=0)
 

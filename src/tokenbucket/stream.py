@@ -40,6 +40,7 @@ import pyarrow as pa
 from torch.utils.data import IterableDataset
 
 from tokenbucket._exceptions import ConfigError, MetadataError, MissingColumnError
+from tokenbucket.spec import MODALITY_COLUMNS
 
 __all__ = ["BucketedStream", "PlanEstimate", "StreamBatch", "StreamBucketer", "StreamCollate", "StreamStats",
            "estimate_plan", "read_rejected", "stream_batch_counts"]
@@ -67,21 +68,25 @@ class StreamBatch:
     predicted_peak_bytes: int
     budget_bytes: int
     reason: str
+    # per sample, its tokens by modality (MODALITY_COLUMNS), as the map-style collate reports them
+    modality_tokens: tuple[tuple[int, ...], ...] = ()
 
     @property
     def empty_rows(self) -> int:
         return self.rows - len(self.samples)
 
     def info(self) -> Any:
-        """A :class:`~tokenbucket.collate.BatchInfo` for the monitor (tokens by modality are not
-        tracked per stream sample: ``tokens`` holds the total)."""
+        """A :class:`~tokenbucket.collate.BatchInfo` for the monitor: shape, keys, predicted peak
+        and tokens by modality (the batch's and each row's)."""
         from tokenbucket.collate import BatchInfo
 
         real = sum(self.lengths)
-        return BatchInfo(bucket=self.bucket, shape=(self.rows, self.length), keys=self.keys, tokens={"total": real},
+        rows = self.modality_tokens or tuple((0,) * len(MODALITY_COLUMNS) for _ in self.lengths)
+        tokens = {name: sum(r[j] for r in rows) for j, name in enumerate(MODALITY_COLUMNS)}
+        return BatchInfo(bucket=self.bucket, shape=(self.rows, self.length), keys=self.keys, tokens=tokens,
                          real_tokens=real, padded_tokens=self.rows * self.length,
                          predicted_peak_bytes=self.predicted_peak_bytes, risk=self.predicted_peak_bytes / self.budget_bytes,
-                         lengths=self.lengths, row_tokens=tuple((n,) for n in self.lengths))
+                         lengths=self.lengths, row_tokens=rows)
 
 
 @dataclass
@@ -273,8 +278,9 @@ class StreamBucketer:
             with open(self.rejected, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
-    def _count(self, chunk: list[tuple[Any, str]]) -> list[tuple[Any, str, int]]:
-        """The chunk's samples with their token counts; the invalid ones rejected."""
+    def _count(self, chunk: list[tuple[Any, str]]) -> list[tuple[Any, str, int, tuple[int, ...]]]:
+        """The chunk's samples with their token counts (total, and by modality); the invalid ones
+        rejected."""
         from tokenbucket.breakdown import breakdown_sample, breakdown_table
 
         rows, kept = [], []
@@ -296,12 +302,16 @@ class StreamBucketer:
             out = []
             for (sample, key), row in zip(kept, rows, strict=True):
                 try:
-                    out.append((sample, key, breakdown_sample(row, self.spec).total))
+                    bd = breakdown_sample(row, self.spec)
+                    out.append((sample, key, bd.total, tuple(getattr(bd, name) for name in MODALITY_COLUMNS)))
                 except MetadataError as exc:
                     self._reject(sample, key, "invalid", str(exc), exc.column, exc.value)
             return out
-        totals = dict(zip(result.table.column("index").to_pylist(), result.table.column("total").to_pylist(),
-                          strict=True))
+        table = result.table
+        counts = zip(table.column("total").to_pylist(),
+                     zip(*(table.column(name).fill_null(0).to_pylist() for name in MODALITY_COLUMNS), strict=True),
+                     strict=True)
+        counted = dict(zip(table.column("index").to_pylist(), counts, strict=True))
         bad = {r["index"]: r for r in result.rejected.to_pylist()}
         out = []
         for i, (sample, key) in enumerate(kept):
@@ -309,7 +319,8 @@ class StreamBucketer:
                 r = bad[i]
                 self._reject(sample, key, "invalid", f"column {r['column']!r} {r['reason']}", r["column"], r["value"])
             else:
-                out.append((sample, key, int(totals[i])))
+                total, modal = counted[i]
+                out.append((sample, key, int(total), modal))
         return out
 
     # -- the stage -----------------------------------------------------------------------------
@@ -329,13 +340,14 @@ class StreamBucketer:
 
         def place(chunk: list[tuple[Any, str]]) -> list[StreamBatch]:
             out = []
-            for sample, key, length in self._count(chunk):
+            for sample, key, length, modal in self._count(chunk):
                 if length > largest:
                     self._reject(sample, key, "oversize", f"{length:,} tokens, more than the plan's largest bucket "
                                  f"({largest:,})", "total", length)
                     continue
                 k = bisect.bisect_left(bounds, length)
-                out += [self._batch(buffers, *b) for b in buffers.add(k, sample, key, length)]
+                # the buffers hold (sample, its modality counts) as the item
+                out += [self._batch(buffers, *b) for b in buffers.add(k, (sample, modal), key, length)]
             return out
 
         chunk: list[tuple[Any, str]] = []
@@ -373,9 +385,10 @@ class StreamBucketer:
 
     def _batch(self, buffers: _Buffers, k: int, members: list[tuple[Any, str, int]], reason: str) -> StreamBatch:
         rows, length = buffers.shape(k, members)
-        return StreamBatch(bucket=k, samples=tuple(m[0] for m in members), keys=tuple(m[1] for m in members),
+        return StreamBatch(bucket=k, samples=tuple(m[0][0] for m in members), keys=tuple(m[1] for m in members),
                            lengths=tuple(m[2] for m in members), rows=rows, length=length,
-                           predicted_peak_bytes=buffers.peak(rows, length), budget_bytes=buffers.budget, reason=reason)
+                           predicted_peak_bytes=buffers.peak(rows, length), budget_bytes=buffers.budget, reason=reason,
+                           modality_tokens=tuple(m[0][1] for m in members))
 
     def _emitted(self, batch: StreamBatch) -> None:
         stats = self.stats
@@ -399,7 +412,7 @@ class StreamBucketer:
     def _over_epoch(self, buffers: _Buffers, pending: list[StreamBatch], rest: Iterator[Any]) -> None:
         """The epoch's batch count is reached: record every sample not emitted, and read the rest."""
         leftovers = [(s, k) for batch in pending for s, k in zip(batch.samples, batch.keys, strict=True)]
-        leftovers += [(s, k) for _, members, _ in buffers.flush() for s, k, _ in members]
+        leftovers += [(item[0], k) for _, members, _ in buffers.flush() for item, k, _ in members]
         for sample in rest:
             leftovers.append((sample, self._key(sample, -1)))
         for sample, key in leftovers:
@@ -648,7 +661,7 @@ def estimate_plan(stream: Iterable[Any], n: int, spec: Any, cost_model: Any, bud
         taken.append((sample, counter._key(sample, len(taken))))
         if len(taken) == n:
             break
-    seen = np.array([length for _, _, length in counter._count(taken)], dtype=np.int64)
+    seen = np.array([c[2] for c in counter._count(taken)], dtype=np.int64)
     if not len(seen):
         raise ConfigError(f"none of the first {len(taken)} samples had valid metadata")
     longest = int(seen.max())

@@ -138,6 +138,6 @@ def index_shards(urls: Sequence[str | os.PathLike[str]], spec: Any, *, meta: str
                     continue
                 samples.append(({"__key__": parts[0], meta: data.read(), "__url__": str(url)}, parts[0]))
         counted = counter._count(samples)
-        keys.append(tuple(k for _, k, _ in counted))
-        lengths.append(tuple(n for _, _, n in counted))
+        keys.append(tuple(c[1] for c in counted))
+        lengths.append(tuple(c[2] for c in counted))
     return ShardIndex(tuple(str(u) for u in urls), tuple(keys), tuple(lengths), sum(counter.stats.rejected.values()))
