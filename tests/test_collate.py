@@ -112,6 +112,9 @@ def test_dataset_metadata_as_callable_or_column() -> None:
     lengths = breakdown_table(table, SPEC).totals
     plan = plan_buckets(lengths, COST, BUDGET, max_buckets=3, multiple=8)
     rows = table.to_pylist()
+    del rows[0]["text_tokens"]  # an optional column the first sample lacks still counts for the others
+    lengths = np.array([breakdown_sample(r, SPEC).total for r in rows])
+    assert lengths[0] < breakdown_table(table, SPEC).totals[0] and (table.column("text_tokens").to_numpy()[1:] > 0).all()
     a = TokenBucketDataset(Seqs(lengths), metadata=lambda i: rows[i], spec=SPEC, plan=plan)
 
     class WithColumn(Seqs):

@@ -105,3 +105,24 @@ def test_metadata_empty_table_gives_empty_breakdown(tmp_path: Path) -> None:
     result = breakdown_table(read_metadata(path), SPEC, per_camera=True)
     assert result.table.num_rows == 0 and result.rejected.num_rows == 0
     assert result.summary()["count"] == 0
+
+
+def test_table_from_rows_keeps_keys_the_first_row_lacks() -> None:
+    from tokenbucket.metadata import table_from_rows
+
+    rows = [{"a": 1}, {"a": 2, "t": 5}, {"a": 3, "t": None}]
+    assert table_from_rows(rows).to_pylist() == [{"a": 1, "t": None}, {"a": 2, "t": 5}, {"a": 3, "t": None}]
+    # absent keys take the given value; a key present with None stays null (an error downstream)
+    assert table_from_rows(rows, {"t": 0}).column("t").to_pylist() == [0, 5, None]
+    assert table_from_rows([]).num_rows == 0
+
+
+def test_absent_as_zero_names_the_columns_only_optional_rules_read() -> None:
+    from tokenbucket.spec import CountRule
+
+    assert TokenSpec().absent_as_zero() == {"action_tokens": 0, "memory_tokens": 0, "proprio_tokens": 0,
+                                            "text_tokens": 0}
+    spec = TokenSpec(text=CountRule(column="text_tokens"), proprio=CountRule(column="frames", optional=True),
+                     extras={"lang": CountRule(column="text_tokens", optional=True)})
+    assert "text_tokens" not in spec.absent_as_zero()  # a required rule reads it too
+    assert "frames" not in spec.absent_as_zero()  # frames: absent means the cameras' longest, not 0

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
+from tokenbucket.breakdown import breakdown_sample
 from tokenbucket.monitor import split_batch
 from tokenbucket.plan import plan_buckets
 from tokenbucket.stream import (
@@ -104,6 +105,21 @@ def test_stream_batches_report_tokens_by_modality(monkeypatch: pytest.MonkeyPatc
         assert info.tokens == {n: sum(expected[k][j] for k in p["keys"]) for j, n in enumerate(names)}
         assert p["tokens"].shape[:2] == (len(p["keys"]), max(info.lengths)) == info.shape
         assert info.predicted_peak_bytes == COST.memory(*info.shape).total
+
+
+def test_stream_counts_a_key_only_some_samples_have() -> None:
+    # the chunk's first sample has no text: the others' text must still count (and its own is 0)
+    stream = samples(40)
+    rows = [json.loads(s["json"]) for s in stream]
+    del rows[0]["text_tokens"]
+    rows[3]["text_tokens"] = None  # present but null: refused, as in a table
+    data = [{**s, "json": json.dumps(r).encode()} for s, r in zip(stream, rows, strict=True)]
+    expected = {r["key"]: breakdown_sample(r, SPEC).total for i, r in enumerate(rows) if i != 3}
+    records: list[dict[str, Any]] = []
+    batches = list(StreamBucketer(plan_for(stream), SPEC, lookahead=16, rejected=records.append)(data))
+    got = {k: n for b in batches for k, n in zip(b.keys, b.lengths, strict=True)}
+    assert got == expected and rows[1]["text_tokens"] > 0
+    assert [(r["key"], r["column"]) for r in records] == [(rows[3]["key"], "text_tokens")]
 
 
 def test_stream_max_buffered_bounds_what_waits() -> None:

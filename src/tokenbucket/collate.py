@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.breakdown import TokenBreakdown, breakdown_sample, breakdown_table
+from tokenbucket.metadata import table_from_rows
 from tokenbucket.spec import MODALITIES, MODALITY_COLUMNS, TokenSpec
 
 __all__ = ["BatchInfo", "BucketCollate", "EmptyRow", "Segment", "TokenBucketDataset", "token_layout"]
@@ -103,7 +104,7 @@ class TokenBucketDataset(Dataset[Any]):
     ) -> None:
         self.dataset, self.spec = dataset, spec
         n = len(dataset)
-        table = _metadata_table(dataset, metadata, n) if metadata is not None else None
+        table = _metadata_table(dataset, metadata, n, spec) if metadata is not None else None
         if manifest is not None:
             mt = manifest.table
             if mt.num_rows != n:
@@ -219,7 +220,7 @@ class TokenBucketDataset(Dataset[Any]):
         return BucketBatchSampler(self.buckets, self.plan.batch_sizes.tolist(), plan_id=self.plan_id, **kwargs)
 
 
-def _metadata_table(dataset: Any, metadata: Any, n: int) -> pa.Table | None:
+def _metadata_table(dataset: Any, metadata: Any, n: int, spec: TokenSpec) -> pa.Table | None:
     if isinstance(metadata, pa.Table):
         table = metadata
     elif isinstance(metadata, Mapping):
@@ -229,9 +230,9 @@ def _metadata_table(dataset: Any, metadata: Any, n: int) -> pa.Table | None:
             column = dataset[metadata]
         except (KeyError, TypeError, IndexError):
             raise ConfigError(f"the dataset has no column {metadata!r} to read metadata from") from None
-        table = pa.Table.from_pylist(list(column))
+        table = table_from_rows(list(column), spec.absent_as_zero())
     elif callable(metadata):
-        table = pa.Table.from_pylist([dict(metadata(i)) for i in range(n)])
+        table = table_from_rows([dict(metadata(i)) for i in range(n)], spec.absent_as_zero())
     else:
         raise ConfigError(f"metadata should be a table, a column name or a callable, but got {type(metadata).__name__}")
     if table.num_rows != n:

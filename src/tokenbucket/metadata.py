@@ -16,14 +16,16 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from tokenbucket._exceptions import ConfigError
 
-__all__ = ["METADATA_FORMATS", "count_rows", "iter_metadata_batches", "metadata_paths", "read_metadata"]
+__all__ = ["METADATA_FORMATS", "count_rows", "iter_metadata_batches", "metadata_paths", "read_metadata",
+           "table_from_rows"]
 
 METADATA_FORMATS: dict[str, str] = {
     ".parquet": "parquet",
@@ -33,6 +35,24 @@ METADATA_FORMATS: dict[str, str] = {
     ".json": "jsonl",
     ".csv": "csv",
 }
+
+
+def table_from_rows(rows: Sequence[Mapping[str, Any]], absent: Mapping[str, Any] | None = None) -> pa.Table:
+    """Metadata rows (dicts) as a table with a column for every key that any row has.
+
+    ``pa.Table.from_pylist`` takes its columns from the first row alone: an optional column the
+    first sample lacks would vanish for every sample, and a later sample's tokens be undercounted.
+    A row without a key gets ``absent[key]`` (e.g. :meth:`TokenSpec.absent_as_zero`), else null;
+    a key present with ``None`` stays null.
+    """
+    if not rows:
+        return pa.table({})
+    names = set().union(*rows)
+    if len(names) == len(rows[0]) and all(len(row) == len(names) for row in rows):
+        return pa.Table.from_pylist(list(rows))  # every row has every key: pyarrow's own path
+    fill = absent or {}
+    order = list(dict.fromkeys(k for row in rows for k in row))
+    return pa.Table.from_pydict({name: [row.get(name, fill.get(name)) for row in rows] for name in order})
 
 
 def _format_of(path: Path, fmt: str | None) -> str:

@@ -352,6 +352,15 @@ class TokenSpec(CameraSpec):
         """Every non-vision modality's rule, built-ins first, then extras in order."""
         return dict(self.__dict__["_rules"])
 
+    def absent_as_zero(self) -> dict[str, int]:
+        """Columns a sample may leave out, counting 0 tokens (every rule reading them is optional),
+        as ``{column: 0}``: what a row of dicts fills in where one sample lacks a key that others
+        have, so it counts as if the column were absent, not as a (refused) null."""
+        rules = self.rules().values()
+        optional = {r.column for r in rules if r.column is not None and r.optional}
+        required = {r.column for r in rules if r.column is not None and not r.optional}
+        return {c: 0 for c in sorted(optional - required - {self.columns.frames})}
+
     # -- serialisation -------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

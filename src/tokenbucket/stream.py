@@ -282,6 +282,7 @@ class StreamBucketer:
         """The chunk's samples with their token counts (total, and by modality); the invalid ones
         rejected."""
         from tokenbucket.breakdown import breakdown_sample, breakdown_table
+        from tokenbucket.metadata import table_from_rows
 
         rows, kept = [], []
         key_column = self.spec.columns.key or "key"
@@ -296,7 +297,7 @@ class StreamBucketer:
         if not rows:
             return []
         try:
-            result = breakdown_table(pa.Table.from_pylist(rows), self.spec, on_invalid="reject")
+            result = breakdown_table(table_from_rows(rows, self.spec.absent_as_zero()), self.spec, on_invalid="reject")
         except (MissingColumnError, pa.ArrowException):
             # a column absent from the whole chunk, or mixed types: count one by one for exact reasons
             out = []
