@@ -48,7 +48,7 @@ def table_from_rows(rows: Sequence[Mapping[str, Any]], absent: Mapping[str, Any]
     if not rows:
         return pa.table({})
     names = set().union(*rows)
-    if len(names) == len(rows[0]) and all(len(row) == len(names) for row in rows):
+    if all(len(row) == len(names) for row in rows):
         return pa.Table.from_pylist(list(rows))  # every row has every key: pyarrow's own path
     fill = absent or {}
     order = list(dict.fromkeys(k for row in rows for k in row))
