@@ -59,6 +59,13 @@ def assert_names(exc: MetadataError, row: int, key: str, column: str, value_text
         ("width", 223.5, pa.float64(), "should hold an integer", "width=223.5"),
         ("text_tokens", "many", pa.string(), "should hold an integer", "text_tokens='many'"),
         ("height", 10**9, None, "should be at most 32768", "height=1000000000"),
+        # huge floats, beyond int64, keep their sign: never counted as the minimum
+        ("frames", 1e20, pa.float64(), "should be at most 1048576", "frames=1e+20"),
+        ("frames", -1e19, pa.float64(), "should be at least 1", "frames=-1e+19"),
+        ("text_tokens", -1e19, pa.float64(), "should not be negative", "text_tokens=-1e+19"),
+        ("frames", 2**64 - 1, pa.uint64(), "should be at most 1048576", "frames=18446744073709551615"),
+        ("frames", "99999999999999999999", pa.string(), "should be at most 1048576", "'99999999999999999999'"),
+        ("frames", "\u0665", pa.string(), "should hold an integer", "frames="),  # a non-ASCII digit
     ],
 )
 def test_validation_bad_value_names_row_key_column_value(
@@ -73,6 +80,13 @@ def test_validation_bad_value_names_row_key_column_value(
     with pytest.raises(InvalidValueError) as scalar:
         breakdown_sample(table.to_pylist()[3], SPEC, index=3)
     assert str(scalar.value) == str(info.value)
+
+
+@pytest.mark.parametrize("text", ["+5", " 7 ", "0000000000000000000000012", "-0"])
+def test_validation_integer_strings_count_the_same_on_both_paths(text: str) -> None:
+    table = table_with(3, "text_tokens", text, type=pa.string())
+    totals = breakdown_table(table, SPEC).totals
+    assert totals[3] == breakdown_sample(table.to_pylist()[3], SPEC).total == totals[0] - 10 + int(text)
 
 
 def test_validation_missing_column_names_it_and_lists_the_others() -> None:

@@ -35,7 +35,10 @@ def r_too_big(maximum: int) -> str:
     return f"should be at most {maximum}"
 
 
-_INT_RE = re.compile(r"^\s*[+-]?\d+\s*$")
+# ASCII digits and plain whitespace only: what the vectorised path's regex reads the same way
+_INT_RE = re.compile(r"^[ \t\r\n]*[+-]?[0-9]+[ \t\r\n]*$")
+# strings the vectorised path casts itself (fit int64 for sure); others go through check_scalar
+_SHORT_INT_RE = r"^[ \t\r\n]*-?[0-9]{1,18}[ \t\r\n]*$"
 
 
 def check_scalar(value: Any, minimum: int, maximum: int) -> tuple[int, str | None]:
@@ -160,7 +163,10 @@ def check_array(
         report(nulls, R_NULL)
         bad |= nulls
     if pa.types.is_integer(typ):
-        values = arr.fill_null(minimum).to_numpy().astype(np.int64, copy=False)
+        raw = arr.fill_null(minimum).to_numpy()
+        if raw.dtype == np.uint64:  # past 2**63 a cast to int64 would wrap to negatives
+            raw = np.minimum(raw, np.uint64(2**62))
+        values = raw.astype(np.int64, copy=False)
     elif pa.types.is_floating(typ):
         x = arr.fill_null(float(minimum)).to_numpy()
         nan = np.isnan(x)
@@ -172,16 +178,28 @@ def check_array(
         if frac.any():
             report(frac, R_NOT_INT)
             bad |= frac
-        x = np.where(nan | frac | (np.abs(x) > 2.0**62), float(minimum), x)
+        # huge values keep their sign (and so fail the range checks below), not a silent minimum
+        x = np.where(nan | frac, float(minimum), np.clip(x, -(2.0**62), 2.0**62))
         values = x.astype(np.int64)
     elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
-        ok = np.asarray(pc.match_substring_regex(arr, _INT_RE.pattern).fill_null(True))
-        notint = ~ok & ~bad
-        if notint.any():
-            report(notint, R_NOT_INT)
-            bad |= notint
-        clean = pc.if_else(pa.array(ok & ~bad), pc.utf8_trim_whitespace(arr), str(minimum))
-        values = pc.cast(clean, pa.int64()).to_numpy()
+        short = np.asarray(pc.match_substring_regex(arr, _SHORT_INT_RE).fill_null(False)) & ~bad
+        clean = pc.if_else(pa.array(short), pc.utf8_trim(arr, " \t\r\n"), str(minimum))
+        values = pc.cast(clean, pa.int64()).to_numpy().copy()
+        # the rest ("+5", 30 digits, "abc"): the scalar rule, value by value, so both paths agree
+        odd = np.flatnonzero(~short & ~bad)
+        if len(odd):
+            reasons: dict[str, list[int]] = {}
+            for i in odd.tolist():
+                number, reason = check_scalar(arr[i].as_py(), minimum, maximum)
+                if reason is None:
+                    values[i] = number
+                else:
+                    reasons.setdefault(reason, []).append(i)
+            for reason, idx in reasons.items():
+                mask = np.zeros(n, dtype=bool)
+                mask[idx] = True
+                report(mask, reason)
+                bad |= mask
     else:
         notint = ~bad
         report(notint, R_NOT_INT)
