@@ -127,6 +127,32 @@ def test_breakdown_override_by_camera_name_flat_and_list_agree() -> None:
     assert listed.vision == flat.vision
 
 
+def test_breakdown_empty_slot_is_the_camera_the_sample_lacks() -> None:
+    # a sample listing only its wrist camera lacks the top slot, priced by top's override
+    spec = TokenSpec(patch=14, camera_slots=3, camera_names=("top", "wrist"), overrides={"top": {"patch": 7}})
+    cam = {"frames": 1, "height": 224, "width": 224}
+    rows = [{"key": "w", "cameras": [{"name": "wrist", **cam}]},
+            {"key": "t", "cameras": [{"name": "top", **cam}]},
+            {"key": "n", "cameras": [cam]}]  # unnamed: by position, so it is top
+    # top 32² = 1,024, wrist 16² = 256, the third slot has no name: camera2, 256
+    expected = {"w": [("wrist", 256, False), ("top", 1024, True), ("camera2", 256, True)],
+                "t": [("top", 1024, False), ("wrist", 256, True), ("camera2", 256, True)],
+                "n": [("top", 1024, False), ("wrist", 256, True), ("camera2", 256, True)]}
+    for row in rows:
+        assert [(c.name, c.tokens, c.empty_slot) for c in breakdown_sample(row, spec).cameras] == expected[row["key"]]
+    assert_paths_agree(rows, spec, pa.Table.from_pylist(rows))
+
+
+def test_breakdown_per_camera_sums_are_exact_past_float_precision() -> None:
+    # 15 cameras of 2**50 + 1 tokens: 2**53.9, where a float64 sum loses the low bits
+    spec = TokenSpec(patch=1, special_per_camera=1)
+    row = {"key": "a", "cameras": 15, "frames": 2**20, "height": 2**15, "width": 2**15}
+    exact = 15 * (2**50 + 1)
+    assert breakdown_sample(row, spec).vision == exact
+    for per_camera in (False, True):
+        assert breakdown_table(pa.Table.from_pylist([row]), spec, per_camera=per_camera).table["vision"][0].as_py() == exact
+
+
 def test_breakdown_rules_column_fixed_product_and_extras() -> None:
     spec = TokenSpec(
         patch=14,

@@ -312,8 +312,8 @@ def breakdown_sample(sample: Mapping[str, Any], spec: TokenSpec, *, index: int |
     if shapes:
         slot_shape = shapes[0][1:4]
     n_slots = max(n_cams, spec.camera_slots or 0)
-    for j in range(n_cams, n_slots):
-        shapes.append((spec.slot_name(j), *slot_shape, True))
+    for name in spec.empty_slot_names({s[0] for s in shapes}, n_cams, n_slots - n_cams):
+        shapes.append((name, *slot_shape, True))
 
     cameras = []
     for j, (name, f, h, w, empty) in enumerate(shapes):
@@ -631,7 +631,7 @@ def _vision_flat(
     pos = np.arange(len(parent)) - np.repeat(starts, slots)
     ef, eh, ew = f[parent], h[parent], w[parent]
     tokens = _element_tokens(spec, positions, pos, None, ef, eh, ew, problems, parent, None)
-    vision = np.bincount(parent, weights=tokens, minlength=n).astype(np.int64)
+    vision = _sum_by_row(parent, tokens, n)
     lists = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(slots)]).astype(np.int32)), pa.array(tokens)) if per_camera else None
     return vision, lists
 
@@ -751,23 +751,24 @@ def _vision_list(
 
     source_pos = pos
     if extra.any():
-        # empty slots: copies of the row's first camera, named by slot position
+        # empty slots: copies of the row's first camera, named as TokenSpec.empty_slot_names names them
         e_parent = np.repeat(np.arange(n), extra)
         e_start = np.concatenate([[0], np.cumsum(extra)[:-1]])
-        e_pos = counts[e_parent] + np.arange(len(e_parent)) - np.repeat(e_start, extra)
+        e_rank = np.arange(len(e_parent)) - np.repeat(e_start, extra)
+        e_pos = counts[e_parent] + e_rank
         first = offsets[:-1][e_parent]
+        e_names = _empty_slot_names_np(spec, names, parent, n, e_parent, e_rank, e_pos)
         parent = np.concatenate([parent, e_parent])
         source_pos = np.concatenate([pos, np.zeros(len(e_parent), np.int64)])
         pos = np.concatenate([pos, e_pos])
         f, h, w = (np.concatenate([a, a[first]]) for a in (f, h, w))
-        all_names = pa.array([spec.slot_name(j) for j in range(int(pos.max()) + 1)])
-        names = pa.concat_arrays([names, all_names.take(pa.array(e_pos))])
+        names = pa.concat_arrays([names, e_names])
 
     def small_labels(k: int, fld: str) -> str:
         return f"{cols.cameras}[{int(source_pos[k])}].{fld}"
 
     tokens = _element_tokens(spec, {}, pos, names, f, h, w, problems, parent, small_labels)
-    vision = np.bincount(parent, weights=tokens, minlength=n).astype(np.int64)
+    vision = _sum_by_row(parent, tokens, n)
     real = int(counts.sum())  # elements before the appended empty slots
     max_frames = np.zeros(n, dtype=np.int64)
     np.maximum.at(max_frames, parent[:real], f[:real])
@@ -779,6 +780,35 @@ def _vision_list(
             pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)), pa.array(tokens[order])
         )
     return vision, lists, max_frames
+
+
+def _sum_by_row(parent: np.ndarray, tokens: np.ndarray, n: int) -> np.ndarray:
+    """Each row's sum of its elements' tokens, exact in int64."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    if int(tokens.sum()) < 2**53:  # every partial sum is then exact in float64: bincount's fast path
+        return np.bincount(parent, weights=tokens, minlength=n).astype(np.int64)
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, parent, tokens)
+    return out
+
+
+def _empty_slot_names_np(spec: TokenSpec, names: pa.Array, parent: np.ndarray, n: int, e_parent: np.ndarray,
+                         e_rank: np.ndarray, e_pos: np.ndarray) -> pa.Array:
+    """The vectorised :meth:`TokenSpec.empty_slot_names`: the e-th empty slot of a row takes the
+    e-th of ``camera_names`` its real cameras (``names``, by element) do not use, else the name of
+    its position."""
+    k = len(spec.camera_names)
+    candidates = [*spec.camera_names, *(spec.slot_name(j) for j in range(int(e_pos.max(initial=0)) + 1))]
+    idx = k + e_pos  # the position's name
+    if k:
+        used = np.zeros((n, k), dtype=bool)
+        for j, name in enumerate(spec.camera_names):
+            used[parent[np.asarray(pc.equal(names, name).fill_null(False))], j] = True
+        free_first = np.argsort(used, axis=1, kind="stable")  # per row, unused names first, in order
+        n_free = k - used.sum(axis=1)
+        take = e_rank < n_free[e_parent]
+        idx = np.where(take, free_first[e_parent, np.minimum(e_rank, k - 1)], idx)
+    return pa.array(candidates).take(pa.array(idx))
 
 
 class _LazyLabels(Sequence[str]):

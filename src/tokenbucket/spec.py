@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -347,6 +347,14 @@ class TokenSpec(CameraSpec):
         if position < len(self.camera_names):
             return self.camera_names[position]
         return f"camera{position}"
+
+    def empty_slot_names(self, used: Collection[str], first: int, count: int) -> list[str]:
+        """Names of a sample's ``count`` empty camera slots (positions ``first``, ``first + 1``, ...):
+        the ``camera_names`` its cameras (``used``) do not have, in order, then the positions' names.
+        A sample that lists only ``wrist`` lacks the ``top`` slot, whatever position it holds, so
+        an override for ``top`` prices that empty slot."""
+        free = [name for name in self.camera_names if name not in used]
+        return [free[e] if e < len(free) else self.slot_name(first + e) for e in range(count)]
 
     def rules(self) -> dict[str, CountRule]:
         """Every non-vision modality's rule, built-ins first, then extras in order."""
