@@ -126,3 +126,16 @@ def test_absent_as_zero_names_the_columns_only_optional_rules_read() -> None:
                      extras={"lang": CountRule(column="text_tokens", optional=True)})
     assert "text_tokens" not in spec.absent_as_zero()  # a required rule reads it too
     assert "frames" not in spec.absent_as_zero()  # frames: absent means the cameras' longest, not 0
+
+
+def test_csv_keys_stay_text(tmp_path: Path) -> None:
+    from tokenbucket.metadata import iter_metadata_batches
+
+    path = tmp_path / "meta.csv"
+    path.write_text("key,cameras,frames,height,width\n001,1,16,224,224\n1,1,16,224,224\n")
+    for table in (read_metadata(path), next(iter_metadata_batches(path))):
+        result = breakdown_table(table, TokenSpec(patch=14), on_invalid="reject")
+        assert result.table.column("key").to_pylist() == ["001", "1"] and result.rejected.num_rows == 0
+    custom = tmp_path / "custom.csv"  # a renamed key column
+    custom.write_text("id,cameras,frames,height,width\n007,1,16,224,224\n")
+    assert read_metadata(custom, key="id").column("id").to_pylist() == ["007"]

@@ -145,7 +145,7 @@ def _count(
     counting = replace(spec, columns=replace(spec.columns, key=None))
     needed = [spec.columns.cameras, spec.columns.frames, spec.columns.height, spec.columns.width]
     needed += [r.column for r in spec.rules().values() if r.column is not None]
-    for table in iter_metadata_batches(paths, batch_rows=batch_rows, columns=needed):
+    for table in iter_metadata_batches(paths, batch_rows=batch_rows, columns=needed, key=spec.columns.key):
         totals = breakdown_table(table, counting, on_invalid="reject").totals
         hist = hist.merge(LengthHistogram.from_lengths(totals))
         if keep_lengths:
@@ -222,7 +222,7 @@ def build_manifest(
     bar = _Progress(total_rows, "writing", progress)
     offset = 0
     try:
-        for table in iter_metadata_batches(paths, batch_rows=batch_rows):
+        for table in iter_metadata_batches(paths, batch_rows=batch_rows, key=spec.columns.key):
             part = _manifest_part(table, spec, plan, offset, on_invalid, on_oversize)
             keys = part.column("key")
             if keys_sorted and len(keys):

@@ -69,7 +69,14 @@ def _format_of(path: Path, fmt: str | None) -> str:
     return METADATA_FORMATS[suffix]
 
 
-def _read_one(path: Path, fmt: str, columns: Sequence[str] | None) -> pa.Table:
+def _csv_options(key: str | None) -> Any:
+    import pyarrow.csv as pcsv
+
+    # a CSV key is text: type inference would read "001" as the number 1 (and then as the key "1")
+    return pcsv.ConvertOptions(column_types={key: pa.string()} if key else {})
+
+
+def _read_one(path: Path, fmt: str, columns: Sequence[str] | None, key: str | None = "key") -> pa.Table:
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
@@ -84,7 +91,7 @@ def _read_one(path: Path, fmt: str, columns: Sequence[str] | None) -> pa.Table:
     else:
         import pyarrow.csv as pcsv
 
-        table = pcsv.read_csv(path)
+        table = pcsv.read_csv(path, convert_options=_csv_options(key))
     if columns is not None:
         table = table.select([c for c in columns if c in table.column_names])
     return table
@@ -128,11 +135,13 @@ def iter_metadata_batches(
     batch_rows: int = 1_000_000,
     format: str | None = None,
     columns: Sequence[str] | None = None,
+    key: str | None = "key",
 ) -> Iterator[pa.Table]:
     """Tables of at most ``batch_rows`` rows, in input order, with bounded memory.
 
     Parquet is read a record batch at a time and CSV through Arrow's streaming reader; a JSONL
-    file is read whole (split large JSONL inputs into part files).
+    file is read whole (split large JSONL inputs into part files). A CSV's ``key`` column is
+    read as text.
     """
     for path in metadata_paths(source):
         fmt = _format_of(path, format)
@@ -147,7 +156,8 @@ def iter_metadata_batches(
             elif fmt == "csv":
                 import pyarrow.csv as pcsv
 
-                reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=64 << 20))
+                reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=64 << 20),
+                                       convert_options=_csv_options(key))
                 pending: list[pa.RecordBatch] = []
                 rows = 0
                 for batch in reader:
@@ -159,7 +169,7 @@ def iter_metadata_batches(
                 if pending:
                     yield pa.Table.from_batches(pending)
             else:
-                table = _read_one(path, fmt, columns)
+                table = _read_one(path, fmt, columns, key)
                 for start in range(0, table.num_rows, batch_rows):
                     yield table.slice(start, batch_rows)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
@@ -171,6 +181,7 @@ def read_metadata(
     *,
     format: str | None = None,
     columns: Sequence[str] | None = None,
+    key: str | None = "key",
 ) -> pa.Table:
     """Read metadata from a file, a directory of part files, or a list of files.
 
@@ -179,6 +190,7 @@ def read_metadata(
         format: force ``parquet``, ``jsonl`` or ``csv`` instead of guessing from the suffix.
         columns: read only these columns (those absent are left for the breakdown's
             validation to report).
+        key: the key column, read from a CSV as text (so ``001`` stays ``"001"``).
 
     Returns:
         One table, parts concatenated in order (schemas unified; a part missing a column
@@ -189,7 +201,7 @@ def read_metadata(
     for p in paths:
         fmt = _format_of(p, format)
         try:
-            tables.append(_read_one(p, fmt, columns))
+            tables.append(_read_one(p, fmt, columns, key))
         except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
             hint = " (JSON metadata must be one object per line)" if fmt == "jsonl" else ""
             raise ConfigError(f"cannot read {str(p)!r} as {fmt}{hint}: {exc}") from None
