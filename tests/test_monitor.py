@@ -230,7 +230,30 @@ def test_risk_split_sampler_ranks_stay_in_step_and_resume_mid_batch() -> None:
         state = s.state_dict()
         fresh = RiskSplitSampler(data.sampler(seed=1, rank=0, world_size=3), data, COST, risk_threshold=0.3)
         fresh.load_state_dict(state)
-        assert head + list(fresh) == full
+        # saved again before a part is drawn (a checkpoint right after a resume): the same position
+        again = RiskSplitSampler(data.sampler(seed=1, rank=0, world_size=3), data, COST, risk_threshold=0.3)
+        again.load_state_dict(fresh.state_dict())
+        assert head + list(fresh) == full and head + list(again) == full
+    # a new epoch starts at its first part, whether the last one stopped mid-batch or was loaded there
+    def make() -> RiskSplitSampler:
+        return RiskSplitSampler(data.sampler(seed=1, rank=0, world_size=3), data, COST, risk_threshold=0.3)
+
+    epoch1 = make()
+    epoch1.set_epoch(1)
+    full1 = list(epoch1)
+    stopped = make()
+    it = iter(stopped)
+    next(it)
+    assert stopped.state_dict()["part"] == 1  # mid-batch
+    stopped.set_epoch(1)
+    assert stopped.state_dict()["sampler"]["step"] == 0 and stopped.state_dict()["part"] == 0
+    loaded = make()
+    loaded.load_state_dict({**epoch1.state_dict(), "sampler": {**epoch1.state_dict()["sampler"], "epoch": 0, "step": 0},
+                            "part": 1})
+    loaded.set_epoch(1)
+    assert list(stopped) == full1 and list(loaded) == full1
+    with pytest.raises(ConfigError, match="at least 0"):
+        make().load_state_dict({"sampler": {**epoch1.state_dict()["sampler"], "step": -1}, "part": 0})
 
 
 def test_risk_split_refuses_what_would_break_equal_steps() -> None:

@@ -400,7 +400,10 @@ class PackedBatchSampler(Sampler[list[int]]):
             theirs, mine = state.pop(key), getattr(self, key)
             if theirs != mine:
                 raise ConfigError(f"cannot resume: saved {key}={theirs!r} but this sampler has {key}={mine!r}")
-        self.epoch = int(state.pop("epoch"))
-        self.step = self._resume = int(state.pop("step"))
+        epoch, step = int(state.pop("epoch")), int(state.pop("step"))
         if state:
             raise ConfigError(f"unexpected keys in the packed sampler state: {sorted(state)}")
+        if epoch < 0 or step < 0:
+            raise ConfigError(f"cannot resume: saved epoch={epoch}, step={step}; both should be at least 0")
+        self.epoch = epoch
+        self.step = self._resume = step

@@ -102,8 +102,9 @@ class RiskSplitSampler(Sampler[list[int]]):
                               "splits the same bucket at the same step")
         self._splits = [static_split(self.plan, cost_model, k, self.risk_threshold)
                         for k in range(len(self.plan.buckets))] if self.plan.mode == "static" else []
-        self._part = 0
-        self._skip = 0
+        self._part = 0  # the next part of the current batch (0: between batches)
+        self._skip = 0  # parts of the first batch a resumed pass leaves out
+        self._loaded: dict[str, Any] | None = None  # a loaded state, until the resumed pass starts
 
     def _bucket(self, batch: Sequence[int]) -> int:
         n = len(self.data)
@@ -122,6 +123,9 @@ class RiskSplitSampler(Sampler[list[int]]):
         return [part or [len(self.data) + k] for part in out]
 
     def set_epoch(self, epoch: int) -> None:
+        if epoch != getattr(self.sampler, "epoch", epoch):  # a new epoch starts at its first part
+            self._part = self._skip = 0
+            self._loaded = None
         self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
@@ -140,6 +144,7 @@ class RiskSplitSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         skip, self._skip = self._skip, 0
+        self._loaded = None
         for batch in self.sampler:
             parts = self.parts(batch)
             for p in range(skip, len(parts)):
@@ -148,6 +153,8 @@ class RiskSplitSampler(Sampler[list[int]]):
             skip = 0
 
     def state_dict(self) -> dict[str, Any]:
+        if self._loaded is not None:  # loaded, not yet iterated: the position is the loaded one
+            return {"sampler": dict(self._loaded["sampler"]), "part": self._loaded["part"]}
         inner = dict(self.sampler.state_dict())
         if self._part:  # inside a batch: the wrapped sampler must give that batch again
             inner["step"] -= 1
@@ -155,10 +162,13 @@ class RiskSplitSampler(Sampler[list[int]]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         state = dict(state)
-        self.sampler.load_state_dict(state.pop("sampler"))
-        self._skip = self._part = int(state.pop("part"))
+        inner = state.pop("sampler")
+        self.sampler.load_state_dict(inner)
+        part = int(state.pop("part"))
         if state:
             raise ConfigError(f"unexpected keys in the risk-split sampler state: {sorted(state)}")
+        self._skip, self._part = part, 0
+        self._loaded = {"sampler": dict(inner), "part": part}
 
 
 def risk_message(info: Any, risk_threshold: float) -> str:

@@ -292,10 +292,13 @@ class BucketBatchSampler(Sampler[list[int]]):
                     "world_size": "the number of ranks changed, so every rank's slice changed",
                 }.get(key, "the batches of the epoch would differ")
                 raise ConfigError(f"cannot resume: saved {key}={theirs!r} but this sampler has {key}={mine!r} ({why})")
-        self.epoch = int(state.pop("epoch"))
-        self.step = self._resume_step = int(state.pop("step"))
+        epoch, step = int(state.pop("epoch")), int(state.pop("step"))
         if state:
             raise ConfigError(f"unexpected keys in the sampler state: {sorted(state)}")
+        if epoch < 0 or step < 0:
+            raise ConfigError(f"cannot resume: saved epoch={epoch}, step={step}; both should be at least 0")
+        self.epoch = epoch
+        self.step = self._resume_step = step
 
 
 def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
