@@ -387,6 +387,28 @@ def test_guard_split_down_to_one_sample_then_replay(tmp_path: Path) -> None:
     assert sorted(trained + replayed) == list(range(n))
 
 
+def test_guard_frees_the_failed_attempt_before_the_retry(tmp_path: Path) -> None:
+    import weakref
+
+    data = setup()
+    monitor = BucketMonitor(data.plan, sinks=[tmp_path / "run.jsonl"], memory=None, cost_model=COST, data=data)
+    batch = next(b for b in batches(data) if int(b["row_mask"].sum()) > 2)
+    attempts: list[weakref.ref[torch.Tensor]] = []
+    alive_at_retry: list[bool] = []
+
+    def step(b: dict[str, Any]) -> None:
+        alive_at_retry.extend(ref() is not None for ref in attempts)
+        activations = torch.empty(1000)  # what a real step holds when it runs out of memory
+        attempts.append(weakref.ref(activations))
+        if int(b["row_mask"].sum()) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (fake)")
+
+    monitor.guard(step, policy="split")(batch)
+    assert len(attempts) > 2 and not any(alive_at_retry)  # every retry began with the failures' tensors freed
+    assert [e["event"] for e in events(tmp_path / "run.jsonl") if e["event"] == "oom"]
+    monitor.close()
+
+
 def test_guard_adapt_lowers_the_batch_size_and_says_so(tmp_path: Path) -> None:
     with pytest.warns(OOMRiskWarning, match="parts of"):
         trained, monitor, n = oom_loop(tmp_path, "split", limit=300, adapt=True)

@@ -31,6 +31,7 @@ synchronisation per step, which the measured peak needs anyway); anything else w
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
@@ -347,7 +348,6 @@ class BucketMonitor:
         self._info: Any = None
         self._start = 0.0
         self._events: tuple[Any, Any] | None = None
-        self._oom_recorded: BaseException | None = None
         self._emit({"event": "start", "time": time.time(), "budget_bytes": self.budget_bytes,
                     "risk_threshold": self.risk_threshold, "drift_margin": self.drift_margin,
                     "plan_mode": plan.mode,
@@ -520,7 +520,10 @@ class BucketMonitor:
         return guarded
 
     def _record_oom(self, info: Any, exc: BaseException, policy: str) -> None:
-        self._oom_recorded = exc
+        # mark the error, not keep it: a reference would keep its traceback's frames (the failed
+        # step's tensors) alive through the retry
+        with contextlib.suppress(AttributeError):
+            setattr(exc, _RECORDED, True)
         event = {"event": "oom", "step": self.step_count, "time": time.time(), **self._batch_fields(info),
                  "policy": policy, "message": str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__}
         if policy == "skip":
@@ -601,8 +604,11 @@ class _StepScope:
             monitor.on_batch_end()
             return
         monitor._info = None
-        if is_oom(exc) and exc is not monitor._oom_recorded:
+        if is_oom(exc) and not getattr(exc, _RECORDED, False):
             monitor._record_oom(self.info, exc, "raise")
+
+
+_RECORDED = "_tokenbucket_oom_recorded"
 
 
 class _Parts(list[Any]):
