@@ -30,6 +30,7 @@ import bisect
 import json
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 from torch.utils.data import IterableDataset
 
-from tokenbucket._exceptions import ConfigError, MetadataError, MissingColumnError
+from tokenbucket._exceptions import ConfigError, MetadataError
 from tokenbucket.spec import MODALITY_COLUMNS
 
 __all__ = ["BucketedStream", "PlanEstimate", "StreamBatch", "StreamBucketer", "StreamCollate", "StreamStats",
@@ -207,17 +208,22 @@ class StreamBucketer:
         rejected: a JSONL path (one line per rejected sample: key, shard, column, value,
             reason, message) or a callable taking that dict.
         batches: emit exactly this many batches (see :func:`stream_batch_counts`).
+        shard_sizes: samples with valid metadata per shard URL (``ShardIndex.bucketed`` passes
+            them): a shard is then done exactly when all of them are handled, so a resume is
+            exact even when the source interleaves shards (a shuffle buffer across shard ends).
 
-    State keys (``state_dict``): ``done_shards``, ``emitted`` (keys already emitted from shards
-    not yet done), ``buffered`` (``[shard, key]`` of samples waiting), ``stats``.
+    State keys (``state_dict``): ``done_shards``, ``emitted`` (keys already handled from shards
+    not yet done), ``counted`` (valid samples handled per such shard), ``buffered``
+    (``[shard, key]`` of samples waiting), ``batches`` (emitted in this pass), ``ended`` (the
+    pass is over: a resume starts the next), ``stats``.
     """
 
-    STATE_KEYS = ("done_shards", "emitted", "buffered", "stats")
+    STATE_KEYS = ("done_shards", "emitted", "counted", "buffered", "batches", "ended", "stats")
 
     def __init__(self, plan: Any, spec: Any, *, cost_model: Any = None, meta: str | Callable[[Any], Any] = "json",
                  key: str = "__key__", max_buffered: int | None = None, lookahead: int = 512,
                  on_invalid: str = "reject", rejected: str | os.PathLike[str] | Callable[[dict[str, Any]], Any] | None = None,
-                 batches: int | None = None) -> None:
+                 batches: int | None = None, shard_sizes: Mapping[str, int] | None = None) -> None:
         if on_invalid not in ON_INVALID:
             raise ConfigError(f"on_invalid should be one of {ON_INVALID}, but got on_invalid={on_invalid!r}")
         for name, value in (("max_buffered", max_buffered), ("batches", batches)):
@@ -231,11 +237,18 @@ class StreamBucketer:
         self.meta, self.key, self.max_buffered, self.lookahead = meta, key, max_buffered, lookahead
         self.on_invalid, self.batches = on_invalid, batches
         self.rejected = rejected
+        self.shard_sizes = dict(shard_sizes) if shard_sizes is not None else None
         self.stats = StreamStats()
-        self._skip_shards: set[str] = set()
-        self._skip_keys: dict[str, set[str]] = {}
+        self._loaded: dict[str, Any] | None = None  # a loaded state, until the resumed pass starts
         self._skipping: tuple[set[str], dict[str, set[str]]] = (set(), {})
-        self._live: dict[str, Any] = {"done": [], "emitted": {}, "pending": {}, "buffered": {}}
+        self._live: dict[str, Any] = self._fresh_live({}, {}, {}, 0)
+        self._warned_reopen = False
+
+    @staticmethod
+    def _fresh_live(done: Iterable[str], emitted: Mapping[str, Iterable[str]], counted: Mapping[str, int],
+                    batches: int) -> dict[str, Any]:
+        return {"done": sorted(done), "emitted": {s: list(k) for s, k in emitted.items()}, "counted": dict(counted),
+                "pending": {}, "buffered": {}, "batches": batches, "ended": False}
 
     # -- metadata ----------------------------------------------------------------------------
 
@@ -269,7 +282,7 @@ class StreamBucketer:
         if self.on_invalid == "error" and reason != "over_epoch":
             raise ConfigError(f"stream sample {key!r}: {message}")
         self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
-        self._track_handled(sample, key)
+        self._track_handled(sample, key, valid=reason != "invalid")
         record = {"key": key, "shard": _shard(sample), "column": column, "value": _jsonable(value),
                   "reason": reason, "message": message}
         if callable(self.rejected):
@@ -297,9 +310,12 @@ class StreamBucketer:
         if not rows:
             return []
         try:
-            result = breakdown_table(table_from_rows(rows, self.spec.absent_as_zero()), self.spec, on_invalid="reject")
-        except (MissingColumnError, pa.ArrowException):
-            # a column absent from the whole chunk, or mixed types: count one by one for exact reasons
+            # keys are the stream's: unique per shard (webdataset's identity is url + key), so not checked here
+            result = breakdown_table(table_from_rows(rows, self.spec.absent_as_zero()), self.spec,
+                                     on_invalid="reject", check_keys=False)
+        except (MetadataError, pa.ArrowException, OverflowError, TypeError):
+            # a column absent from the whole chunk, mixed types, a value past int64, a schema
+            # error of one sample: count one by one, for exact reasons
             out = []
             for (sample, key), row in zip(kept, rows, strict=True):
                 try:
@@ -328,15 +344,20 @@ class StreamBucketer:
 
     def __call__(self, samples: Iterable[Any]) -> Iterator[StreamBatch]:
         # a resumed pass skips what the loaded state says was handled, and carries it in its state
-        self._skipping = (self._skip_shards, self._skip_keys)
-        self._skip_shards, self._skip_keys = set(), {}
-        self._live = {"done": sorted(self._skipping[0]), "pending": {}, "buffered": {},
-                      "emitted": {s: sorted(k) for s, k in self._skipping[1].items()}}
+        loaded, self._loaded = self._loaded, None
+        if loaded is None or loaded["ended"]:  # a fresh pass (after an ended one: the next)
+            self._skipping = (set(), {})
+            self._live = self._fresh_live({}, {}, {}, 0)
+        else:
+            self.stats.samples -= len(loaded["buffered"])  # read again by this pass, and counted again
+            self._skipping = (set(loaded["done_shards"]), {s: set(k) for s, k in loaded["emitted"].items()})
+            self._live = self._fresh_live(loaded["done_shards"], loaded["emitted"], loaded["counted"],
+                                          loaded["batches"])
         buffers = _Buffers(self.plan, self.cost_model, self.max_buffered)
         bounds = self.plan.bounds.tolist()
         largest = bounds[-1]
         target = self.batches
-        emitted = 0
+        live = self._live
         it = iter(samples)
 
         def place(chunk: list[tuple[Any, str]]) -> list[StreamBatch]:
@@ -372,17 +393,17 @@ class StreamBucketer:
             if ended:
                 ready += [self._batch(buffers, *b) for b in buffers.flush()]
             for j, batch in enumerate(ready):
-                if target is not None and emitted >= target:
+                if target is not None and live["batches"] >= target:
                     self._over_epoch(buffers, ready[j:], it)
+                    live["ended"] = True
                     return
                 self._emitted(batch)  # before the yield: a state taken after it counts this batch
                 yield batch
-                emitted += 1
-        while target is not None and emitted < target:
+        while target is not None and live["batches"] < target:
             batch = self._filler(buffers)
             self._emitted(batch)
             yield batch
-            emitted += 1
+        live["ended"] = True
 
     def _batch(self, buffers: _Buffers, k: int, members: list[tuple[Any, str, int]], reason: str) -> StreamBatch:
         rows, length = buffers.shape(k, members)
@@ -394,6 +415,7 @@ class StreamBucketer:
     def _emitted(self, batch: StreamBatch) -> None:
         stats = self.stats
         stats.batches += 1
+        self._live["batches"] += 1
         stats.early += batch.reason == "early"
         stats.flushed += batch.reason == "flush"
         stats.padded_batches += batch.reason == "pad"
@@ -415,7 +437,9 @@ class StreamBucketer:
         leftovers = [(s, k) for batch in pending for s, k in zip(batch.samples, batch.keys, strict=True)]
         leftovers += [(item[0], k) for _, members, _ in buffers.flush() for item, k, _ in members]
         for sample in rest:
-            leftovers.append((sample, self._key(sample, -1)))
+            key = self._key(sample, -1)
+            if not self._skipped(sample, key):  # handled before a resume: not this pass's to record
+                leftovers.append((sample, key))
         for sample, key in leftovers:
             self.stats.over_epoch += 1
             self._reject(sample, key, "over_epoch", "the epoch's batch count was reached before this sample was "
@@ -432,11 +456,16 @@ class StreamBucketer:
 
     # NOTE [ Stream state ]
     # A sample is *read* when the stage takes it from the stream and *handled* when it leaves in
-    # a yielded batch or is rejected. A shard is done when the stream has moved past it and all
-    # its read samples are handled; until then the keys handled from it are kept. A resume skips
-    # done shards and handled keys, and reads the buffered samples again from their shards: exact
-    # when the same shards are read in the same order (webdataset's shardshuffle=False, or an
-    # explicit, seeded shard list), as far as the shard reader can read a shard again.
+    # a yielded batch or is rejected. Until its shard is done the keys handled from it are kept;
+    # a done shard is one name. A resume skips done shards and handled keys, and reads the
+    # buffered samples again from their shards: exact when the same shards are read in the same
+    # order (webdataset's shardshuffle=False, or an explicit, seeded shard list), as far as the
+    # shard reader can read a shard again.
+    # When is a shard done? With ``shard_sizes`` (from the shard index): when all its valid
+    # samples are handled — exact whatever the source interleaves. Without: when the stream has
+    # moved past it and all its read samples are handled, which assumes a shard is read in one
+    # go. A sample of a shard already taken for done breaks that assumption: the shard is
+    # reopened and a warning says a resume may repeat its samples.
 
     def _track_read(self, sample: Any, key: str) -> None:
         shard = _shard(sample)
@@ -444,51 +473,72 @@ class StreamBucketer:
         if live.get("current") != shard:
             previous = live.get("current")
             live["current"] = shard
-            if previous is not None:
+            if previous is not None and self.shard_sizes is None:
                 self._maybe_done(previous)
+            if shard in live["done"] and self.shard_sizes is None:
+                self._reopen(shard)
         live["pending"][shard] = live["pending"].get(shard, 0) + 1
         live["buffered"][(shard, key)] = True
 
-    def _track_handled(self, sample: Any, key: str) -> None:
+    def _track_handled(self, sample: Any, key: str, valid: bool = True) -> None:
         shard = _shard(sample)
         live = self._live
         if live["buffered"].pop((shard, key), None) is None:
             return  # not read by this stage (counting only)
         live["pending"][shard] -= 1
         live["emitted"].setdefault(shard, []).append(key)
-        if shard != live.get("current"):
+        if valid:
+            live["counted"][shard] = live["counted"].get(shard, 0) + 1
+        if self.shard_sizes is not None or shard != live.get("current"):
             self._maybe_done(shard)
 
     def _maybe_done(self, shard: str) -> None:
         live = self._live
+        if not shard:  # samples without a URL: no shard to finish, their keys are kept
+            return
+        if self.shard_sizes is not None:
+            size = self.shard_sizes.get(shard)
+            if size is None or live["counted"].get(shard, 0) < size:
+                return
         if live["pending"].get(shard, 0) == 0:
             live["pending"].pop(shard, None)
             live["emitted"].pop(shard, None)
+            live["counted"].pop(shard, None)
             live["done"].append(shard)
+
+    def _reopen(self, shard: str) -> None:
+        self._live["done"].remove(shard)
+        if not self._warned_reopen:
+            self._warned_reopen = True
+            warnings.warn(f"shard {shard!r} gave a sample after the stream had moved past it (a source that "
+                          "interleaves shards, e.g. a shuffle buffer across shard ends): a resume may repeat some of "
+                          "its samples; pass shard_sizes= (ShardIndex.bucketed does) for an exact resume",
+                          stacklevel=3)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream is (NOTE [ Stream state ]): shards done, keys emitted from shards in
         progress, keys buffered (not their data), and the counters."""
+        stats = {**vars(self.stats), "rejected": dict(self.stats.rejected)}
+        if self._loaded is not None:  # loaded, not yet iterated: hand the loaded state on
+            return {**self._loaded, "stats": stats}
         live = self._live
-        if self._skip_shards or self._skip_keys:  # loaded, not yet iterated: hand the loaded state on
-            return {"done_shards": sorted(self._skip_shards), "buffered": [],
-                    "emitted": {s: sorted(k) for s, k in self._skip_keys.items()},
-                    "stats": {**vars(self.stats), "rejected": dict(self.stats.rejected)}}
         return {"done_shards": sorted(set(live["done"])),
                 "emitted": {s: sorted(set(k)) for s, k in live["emitted"].items()},
+                "counted": dict(live["counted"]),
                 "buffered": [[s, k] for s, k in live["buffered"]],
-                "stats": {**vars(self.stats), "rejected": dict(self.stats.rejected)}}
+                "batches": live["batches"], "ended": live["ended"], "stats": stats}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: samples of done shards and emitted keys are skipped; buffered ones are read again."""
         state = dict(state)
-        self._skip_shards = set(state.pop("done_shards"))
-        self._skip_keys = {s: set(k) for s, k in state.pop("emitted").items()}
-        state.pop("buffered")
-        stats = dict(state.pop("stats"))
-        self.stats = StreamStats(**stats)
+        missing = [k for k in self.STATE_KEYS if k not in state]
+        if missing:
+            raise ConfigError(f"the stream state lacks {missing} (saved by another version?)")
+        loaded = {k: state.pop(k) for k in self.STATE_KEYS}
         if state:
             raise ConfigError(f"unexpected keys in the stream state: {sorted(state)}")
+        self.stats = StreamStats(**dict(loaded.pop("stats")))
+        self._loaded = loaded
 
 
 def _shard(sample: Any) -> str:

@@ -98,10 +98,12 @@ class ShardIndex:
     def bucketed(self, plan: Any, spec: Any, *, world_size: int = 1, num_workers: int = 0, **kwargs: Any) -> Any:
         """The stage with ``batches=`` set for these shards: every worker of every rank emits the
         same number of batches, every sample once. The count is simulated with the stage's own
-        ``max_buffered`` and ``cost_model``, so the two cannot disagree."""
+        ``max_buffered`` and ``cost_model``, so the two cannot disagree. The shards' sizes go to
+        the stage too (``shard_sizes``): its resume is exact even across a shuffle buffer."""
         kwargs["batches"] = self.batches_per_worker(plan, world_size=world_size, num_workers=num_workers,
                                                     cost_model=kwargs.get("cost_model"),
                                                     max_buffered=kwargs.get("max_buffered"))
+        kwargs.setdefault("shard_sizes", dict(zip(self.urls, (len(k) for k in self.keys), strict=True)))
         return bucketed(plan, spec, **kwargs)
 
 
@@ -131,7 +133,7 @@ def index_shards(urls: Sequence[str | os.PathLike[str]], spec: Any, *, meta: str
         with opener(str(url)) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
             for member in tar:
                 parts = _key_and_ext(member.name) if member.isfile() else None
-                if parts is None or parts[1] != meta:
+                if parts is None or parts[1].lower() != meta:  # webdataset lower-cases extensions too
                     continue
                 data = tar.extractfile(member)
                 if data is None:
