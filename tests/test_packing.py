@@ -134,6 +134,21 @@ def test_packed_collate_tensors_describe_the_rows() -> None:
         PackedCollate(data, 128, rows_per_batch=1)([data[i] for r in rows[:3] for i in r])
 
 
+def test_packed_collate_takes_a_sample_of_no_tokens() -> None:
+    # metadata may describe a sample with no tokens (no camera, no text): it still gets a row
+    meta = pa.table({"key": ["a", "b", "c"], "cameras": [1, 1, 0], "frames": [1, 1, 1], "height": [28] * 3,
+                     "width": [28] * 3, "text_tokens": [1, 3, 0]})
+    spec = TokenSpec(patch=14)
+    totals = breakdown_table(meta, spec).totals
+    cost = CostModel(ModelSpec(hidden=8, layers=1, heads=2, precision="fp32", attention="flash"))
+    data = TokenBucketDataset(RandomTokens(totals, 8), metadata=meta, spec=spec,
+                              plan=plan_buckets(totals, cost, 2**20, mode="packed", pack_length=16))
+    for order in ([2, 0, 1], [0, 2, 1], [2]):
+        out = PackedCollate(data, 16, None)([data[i] for i in order])
+        assert sorted(i for row in out["index"] for i in row) == sorted(order)
+        assert out["cu_seqlens"].tolist()[-1] == int(totals[order].sum())
+
+
 def test_flex_block_mask_matches_the_sdpa_mask() -> None:
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
     seg = torch.tensor([[1] * 40 + [2] * 50 + [3] * 30 + [0] * 8, [1] * 128])

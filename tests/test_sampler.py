@@ -159,6 +159,22 @@ def test_sampler_refuses_a_resume_that_cannot_continue_exactly() -> None:
         BucketBatchSampler(buckets, sizes, plan_id=plan_id_of("other"), world_size=2, rank=0).load_state_dict(state)
     with pytest.raises(ConfigError, match="unexpected keys"):
         BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID, world_size=2, rank=0).load_state_dict({**state, "x": 1})
+    with pytest.raises(ConfigError, match="at least 0"):
+        BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID, world_size=2, rank=0).load_state_dict({**state, "step": -1})
+
+
+def test_dynamic_sampler_names_a_sample_its_cost_model_cannot_fit() -> None:
+    # a plan made for one model, batches cut with a bigger one: the longest samples fit not even alone
+    lengths = breakdown_table(mixture_a(400, seed=3), TokenSpec(patch=56)).totals
+    small = CostModel(ModelSpec(hidden=32, layers=2, heads=4, precision="fp32", attention="eager"))
+    big = CostModel(ModelSpec(hidden=64, layers=8, heads=4, precision="fp32", attention="eager"))
+    budget = 2 * small.memory(1, int(lengths.max())).total
+    plan = plan_buckets(lengths, small, budget, max_buckets=4, mode="dynamic", multiple=8)
+    assert big.memory(1, int(lengths.max())).total > budget
+    sampler = BucketBatchSampler(plan.assign(lengths), plan.batch_sizes.tolist(), plan_id=PLAN_ID,
+                                 dynamic=(lengths, big, budget, 4))
+    with pytest.raises(ConfigError, match=r"sample \d+ \([\d,]+ tokens\) fits not even alone"):
+        list(sampler)  # never an empty batch
 
 
 _SCRIPT = """

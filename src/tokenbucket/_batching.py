@@ -35,6 +35,14 @@ def max_batch_table(cost: Any, lengths: np.ndarray, budget: int) -> np.ndarray:
     return max_batches_at(cost, values, budget)[inverse]
 
 
+class OversizeSampleError(ValueError):
+    """A sample (position ``position`` of the lengths given) that fits not even alone."""
+
+    def __init__(self, position: int, length: int) -> None:
+        super().__init__(f"a sample of {length:,} tokens fits not even alone")
+        self.position, self.length = position, length
+
+
 def dynamic_batches(
     lengths: np.ndarray, cost: Any, budget: int, *, pool_batches: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
@@ -50,6 +58,9 @@ def dynamic_batches(
     if n == 0:
         return []
     caps = max_batch_table(cost, lengths, budget)
+    if not caps.min(initial=1):  # a sample that fits not even alone would make an empty batch
+        i = int(np.argmin(caps))
+        raise OversizeSampleError(i, int(lengths[i]))
     typical = max(1, int(np.median(caps)))
     pool = max(1, pool_batches * typical)
     order = rng.permutation(n)

@@ -144,12 +144,12 @@ class PackedCollate:
         samples = [(i, self.data.tokens_of(i, item, self.tokens_key)) for i, item in batch
                    if not isinstance(item, EmptyRow)]
         rows: list[list[tuple[int, torch.Tensor]]] = []
-        used = P  # next-fit (NOTE [ Packed rows ])
+        used = 0  # next-fit (NOTE [ Packed rows ])
         for i, t in samples:
             n = int(t.shape[0])
             if n > P:
                 raise ConfigError(f"sample {i} has {n:,} tokens, more than pack_length={P:,}")
-            if used + n > P:
+            if not rows or used + n > P:  # (a first sample of 0 tokens still needs a row)
                 rows.append([])
                 used = 0
             rows[-1].append((i, t))

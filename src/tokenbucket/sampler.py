@@ -109,10 +109,17 @@ def epoch_steps(
         if shuffle:
             members = members[rng.permutation(count)]
         if dynamic is not None:
-            from tokenbucket._batching import dynamic_batches
+            from tokenbucket._batching import OversizeSampleError, dynamic_batches
 
             lengths, cost, budget, pool_batches = dynamic
-            cut = dynamic_batches(lengths[members], cost, budget, pool_batches=pool_batches, rng=rng)
+            try:
+                cut = dynamic_batches(lengths[members], cost, budget, pool_batches=pool_batches, rng=rng)
+            except OversizeSampleError as exc:
+                raise ConfigError(
+                    f"sample {int(members[exc.position])} ({exc.length:,} tokens) fits not even alone under the "
+                    f"sampler's cost model and budget ({budget / 2**30:.2f} GiB): the plan was made with another "
+                    f"model or budget; plan again with this one"
+                ) from None
             members = members[np.concatenate(cut)] if cut else members
             sizes = np.array([len(c) for c in cut], dtype=np.int64)
             local = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
