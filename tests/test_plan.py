@@ -80,6 +80,15 @@ def test_plan_merged_histograms_give_the_same_plan(lengths: np.ndarray) -> None:
     one_pass = plan_buckets(lengths, COST, BUDGET, on_oversize="reject")
     from_parts = plan_buckets(merged, COST, BUDGET, on_oversize="reject")
     assert one_pass == from_parts
+    # a histogram from another engine (unordered, repeated values, empty rows) plans the same
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(merged.values))
+    values = np.concatenate([merged.values[order], merged.values[:3], [77]])
+    counts = np.concatenate([merged.counts[order] - np.isin(order, [0, 1, 2]), [1, 1, 1], [0]])
+    shuffled = LengthHistogram.from_dict({"values": values.tolist(), "counts": counts.tolist()})
+    assert shuffled == merged and plan_buckets(shuffled, COST, BUDGET, on_oversize="reject") == one_pass
+    with pytest.raises(ConfigError, match="negative"):
+        LengthHistogram.from_dict({"values": [5, 6], "counts": [1, -1]})
 
 
 def test_plan_oversize_error_says_how_many_the_largest_and_what_helps(lengths: np.ndarray) -> None:
@@ -158,3 +167,14 @@ def test_plan_from_bounds_predicts_like_the_planner(lengths: np.ndarray) -> None
     assert by_hand.oversize["longest_fitting"] == auto.bounds[-1]
     with pytest.raises(ConfigError, match="over the budget"):
         plan_from_bounds([2048], [10_000], lengths, COST, BUDGET)
+    with pytest.raises(ConfigError, match="mode='packed'"):
+        plan_from_bounds([2048], [4], lengths, COST, BUDGET, mode="packed")  # type: ignore[arg-type]
+
+
+def test_plan_every_mode_checks_the_budget_and_reports_when_nothing_fits() -> None:
+    huge = [10**6, 2 * 10**6]
+    for mode in ("static", "dynamic", "packed"):
+        plan = plan_buckets(huge, COST, BUDGET, mode=mode, on_oversize="reject")  # type: ignore[arg-type]
+        assert plan.buckets == () and plan.oversize["count"] == 2 and plan.oversize["largest"] == 2 * 10**6
+        with pytest.raises(ConfigError, match="budget_bytes"):
+            plan_buckets([100], COST, 0, mode=mode)  # type: ignore[arg-type]

@@ -280,6 +280,8 @@ def plan_packing(lengths: Sequence[int] | np.ndarray, cost_model: Any, budget_by
                                 f"on_oversize='reject' to plan without them")
         oversize = {"count": int(over.sum()), "largest": largest, "largest_bytes": need, "longest_fitting": top}
         raw = raw[~over]
+        if not len(raw):  # nothing fits: an empty plan that says why, as the other modes give
+            return BucketPlan("packed", budget_bytes, (), oversize, dict(meta or {}))
     longest = int(raw.max())
     if pack_length is not None:
         options = [pack_length]

@@ -86,6 +86,27 @@ class LengthHistogram:
     values: np.ndarray  # sorted distinct lengths (int64)
     counts: np.ndarray  # samples per length (int64)
 
+    def __post_init__(self) -> None:
+        # histograms come from other engines too (a group-by is unordered): sort, merge, drop empties
+        values = np.asarray(self.values, dtype=np.int64).reshape(-1)
+        counts = np.asarray(self.counts, dtype=np.int64).reshape(-1)
+        if len(values) != len(counts):
+            raise ConfigError(f"a length histogram needs one count per value, but got {len(values)} values "
+                              f"and {len(counts)} counts")
+        if counts.size and counts.min() < 0:
+            bad = int(np.flatnonzero(counts < 0)[0])
+            raise ConfigError(f"counts should not be negative, but got counts[{bad}]={int(counts[bad])}")
+        used = counts > 0
+        if used.any() and values[used].min() < 1:
+            bad = int(np.flatnonzero(used & (values < 1))[0])
+            raise ConfigError(f"lengths should be positive, but got values[{bad}]={int(values[bad])}")
+        if not (used.all() and (values.size < 2 or bool((np.diff(values) > 0).all()))):
+            merged, inverse = np.unique(values[used], return_inverse=True)
+            counts = np.bincount(inverse, weights=counts[used], minlength=len(merged)).astype(np.int64)
+            values = merged.astype(np.int64)
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "counts", counts)
+
     @classmethod
     def from_lengths(cls, lengths: Iterable[int] | np.ndarray) -> LengthHistogram:
         arr = np.asarray(lengths if isinstance(lengths, np.ndarray) else list(lengths), dtype=np.int64)
@@ -288,6 +309,8 @@ def plan_buckets(
         raise ConfigError(f"max_buckets should be a positive integer, but got max_buckets={max_buckets!r}")
     if mode not in ("static", "dynamic", "packed"):
         raise ConfigError(f"mode should be 'static', 'dynamic' or 'packed', but got mode={mode!r}")
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1:
+        raise ConfigError(f"budget_bytes should be a positive integer, but got budget_bytes={budget_bytes!r}")
     if mode == "packed":
         if isinstance(lengths, LengthHistogram):
             raise ConfigError("packed mode packs the samples themselves: give the lengths, not a histogram")
@@ -297,8 +320,6 @@ def plan_buckets(
                             seed=seed, multiple=multiple, meta=meta)
     if on_oversize not in ("error", "reject"):
         raise ConfigError(f"on_oversize should be 'error' or 'reject', but got on_oversize={on_oversize!r}")
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1:
-        raise ConfigError(f"budget_bytes should be a positive integer, but got budget_bytes={budget_bytes!r}")
     raw: np.ndarray | None = None
     if isinstance(lengths, LengthHistogram):
         hist = lengths
@@ -502,6 +523,9 @@ def plan_from_bounds(
         >>> plan_from_bounds([4096, 16384], [16, 4], [1000, 5000, 9000], cost, 70 * 2**30).summary()["batches"]
         2
     """
+    if mode not in ("static", "dynamic"):  # a packed plan is one row shape: plan_buckets(mode="packed")
+        raise ConfigError(f"plan_from_bounds takes mode 'static' or 'dynamic', but got mode={mode!r} "
+                          f"(for packing use plan_buckets(mode='packed', pack_length=...))")
     check_plan(bounds, batch_sizes, cost_model, budget_bytes)
     if isinstance(lengths, LengthHistogram):
         hist, raw = lengths, None
