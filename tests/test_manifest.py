@@ -99,6 +99,18 @@ def test_manifest_duplicate_keys_across_batches_are_refused(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match=r"row 900: key .* earlier row"):
         build_manifest(src, SPEC, COST, tmp_path / "m.parquet", budget_bytes=BUDGET, batch_rows=100,
                        on_oversize="reject")
+    # on_invalid="reject": the later row is refused with its reason, within a batch or across batches
+    keys[50] = keys[40]
+    pq.write_table(table.set_column(0, "key", pa.array(keys)), src)
+    for batch_rows in (100, 1000):
+        m = build_manifest(src, SPEC, COST, tmp_path / f"r{batch_rows}.parquet", budget_bytes=BUDGET,
+                           batch_rows=batch_rows, on_oversize="reject", on_invalid="reject")
+        rows = m.table.to_pylist()
+        refused = {r["index"]: r["reason"] for r in rows if r["reason"] and "unique" in r["reason"]}
+        assert len(rows) == 1000 and set(refused) == {50, 900}
+        assert all(rows[i]["bucket"] == -1 and rows[i]["total"] is None for i in refused)
+        assert refused[900] == f"invalid: row 900 key {keys[10]!r}: column 'key' should be unique, but got key={keys[10]!r}"
+        assert rows[10]["bucket"] >= 0 and rows[40]["bucket"] >= 0  # the first holders keep their place
 
 
 def test_manifest_load_refuses_foreign_truncated_and_edited_files(metadata: Path, tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.breakdown import breakdown_table, duplicate_rows
+from tokenbucket.breakdown import R_DUPLICATE, breakdown_table, duplicate_rows
 from tokenbucket.metadata import count_rows, iter_metadata_batches, metadata_paths
 from tokenbucket.plan import BucketPlan, LengthHistogram, plan_buckets
 from tokenbucket.spec import TokenSpec
@@ -224,7 +224,10 @@ def build_manifest(
     try:
         for table in iter_metadata_batches(paths, batch_rows=batch_rows, key=spec.columns.key):
             part = _manifest_part(table, spec, plan, offset, on_invalid, on_oversize)
-            keys = part.column("key")
+            # with on_invalid="reject", rows refused as invalid take no part in the key check
+            kept = _not_invalid(part) if on_invalid == "reject" else None
+            keys = part.column("key") if kept is None else part.column("key").filter(pa.array(kept))
+            was_sorted = keys_sorted
             if keys_sorted and len(keys):
                 first_key = keys[0].as_py()
                 if last_key is not None and (first_key is None or not first_key > last_key):
@@ -232,6 +235,14 @@ def build_manifest(
                 elif len(keys) > 1 and not pc.all(pc.greater(keys.slice(1), keys.slice(0, len(keys) - 1))).as_py():
                     keys_sorted = False
                 last_key = keys[-1].as_py()
+            if kept is not None and all_keys and not (was_sorted and keys_sorted):
+                # NOTE [ Duplicate keys across batches ], reject: a key an earlier batch holds makes
+                # this row a refused duplicate (sorted keys cannot repeat: no lookup then)
+                dup = np.asarray(pc.is_in(part.column("key"), value_set=pa.concat_arrays(all_keys))
+                                 .fill_null(False)) & kept
+                if dup.any():
+                    part = _refuse_duplicates(part, dup)
+                    keys = part.column("key").filter(pa.array(kept & ~dup))
             all_keys.append(keys.combine_chunks())
             sink.write(part)
             offset += table.num_rows
@@ -239,7 +250,7 @@ def build_manifest(
         bar.close()
         if not sink.rows:
             raise ConfigError("the metadata inputs hold no rows")
-        if not keys_sorted:
+        if not keys_sorted and on_invalid != "reject":  # (rejected as they came, above)
             # NOTE [ Duplicate keys across batches ]
             # Keys sorted across the whole input are proven unique batch by batch; otherwise one
             # hash over all of them. That needs the key column in memory (about 20 bytes a row),
@@ -404,6 +415,31 @@ def _with_rejected(part: pa.Table, rejected: pa.Table, offset: int) -> pa.Table:
             cols[name] = pa.nulls(n, typ)
     merged = pa.concat_tables([part, pa.table(cols, schema=part.schema)])
     return merged.sort_by("index")
+
+
+def _not_invalid(part: pa.Table) -> np.ndarray:
+    """Rows not refused as invalid (kept, or oversize: their metadata is sound)."""
+    reason = part.column("reason").fill_null("")
+    return ~np.asarray(pc.starts_with(reason, "invalid"))
+
+
+def _refuse_duplicates(part: pa.Table, dup: np.ndarray) -> pa.Table:
+    """Rows ``dup`` become invalid rows (bucket -1, breakdown null) whose reason is the repeated key."""
+    mask = pa.array(dup)
+    keys, index = part.column("key").to_pylist(), part.column("index").to_pylist()
+    text = [f"invalid: row {index[i]} key {keys[i]!r}: column 'key' {R_DUPLICATE}, but got key={keys[i]!r}"
+            if dup[i] else None for i in range(len(dup))]  # worded as the breakdown words one within a batch
+    cols = []
+    for name in part.column_names:
+        col = part.column(name)
+        if name == "bucket":
+            col = pc.if_else(mask, pa.scalar(-1, col.type), col)
+        elif name == "reason":
+            col = pc.if_else(mask, pa.array(text, pa.string()), col)
+        elif name not in ("key", "index"):
+            col = pc.if_else(mask, pa.scalar(None, col.type), col)
+        cols.append(col)
+    return pa.table(cols, schema=part.schema)
 
 
 def _check_unique_keys(keys: pa.Array) -> None:
