@@ -243,8 +243,8 @@ class CostModel:
                                   transients=work, extra=extra)
 
         ckpt = m.checkpointing == "full"
-        # forward: the loss's fp32 copy of the output, or eager's softmax working set
-        fwd_t = 4 * t * d if a != 4 else 0
+        # forward: the model's output and the loss's fp32 copy of it, or eager's softmax working set
+        fwd_t = a * t * d + (4 * t * d if a != 4 else 0)
         if eager:
             fwd_t = max(fwd_t, eager_work - layer_scores)
         # backward, last layer first: gradient stream, the MLP's hidden gradient and dW2 ...

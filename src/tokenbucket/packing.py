@@ -88,6 +88,10 @@ def block_diagonal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     """``[R, 1, P, P]`` bool, True where token q may attend to token k: the same sample (or, for a
     padding token, itself). For ``scaled_dot_product_attention(..., attn_mask=mask)``.
 
+    The mask is dense: ``R x P²`` bytes (and a masked SDPA computes every score), which the
+    plan's flash / varlen cost does not include; at long rows use ``cu_seqlens`` with a varlen
+    kernel or :func:`flex_block_mask` instead.
+
     Example:
         >>> block_diagonal_mask(torch.tensor([[1, 1, 2, 0]]))[0, 0].int().tolist()
         [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
