@@ -139,3 +139,17 @@ def test_csv_keys_stay_text(tmp_path: Path) -> None:
     custom = tmp_path / "custom.csv"  # a renamed key column
     custom.write_text("id,cameras,frames,height,width\n007,1,16,224,224\n")
     assert read_metadata(custom, key="id").column("id").to_pylist() == ["007"]
+
+
+def test_parts_lacking_an_optional_column_count_as_they_do_alone(tmp_path: Path) -> None:
+    from tokenbucket.metadata import iter_metadata_batches
+
+    table = mixture_a(40, seed=3)
+    pq.write_table(table.slice(0, 20), tmp_path / "part-0.parquet")
+    pq.write_table(table.slice(20).drop_columns(["text_tokens"]), tmp_path / "part-1.parquet")
+    spec = TokenSpec(patch=14)
+    per_part = [t for b in iter_metadata_batches(tmp_path) for t in breakdown_table(b, spec).totals.tolist()]
+    whole = breakdown_table(read_metadata(tmp_path, absent=spec.absent_as_zero()), spec, on_invalid="reject")
+    assert whole.rejected.num_rows == 0 and whole.totals.tolist() == per_part
+    assert per_part[20:] == (breakdown_table(table.slice(20), spec).totals
+                             - table.column("text_tokens").to_numpy()[20:]).tolist()

@@ -236,7 +236,7 @@ def _cmd_tokens(args: argparse.Namespace) -> int:
         return 0
     if args.metadata is None:
         raise ConfigError("tokens needs METADATA (a file or directory) or --sample JSON")
-    table = read_metadata(args.metadata, key=spec.columns.key)
+    table = read_metadata(args.metadata, key=spec.columns.key, absent=spec.absent_as_zero())
     result = breakdown_table(table, spec, on_invalid=args.on_invalid)
     summary = result.summary()
     if args.json:

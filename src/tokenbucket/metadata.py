@@ -182,6 +182,7 @@ def read_metadata(
     format: str | None = None,
     columns: Sequence[str] | None = None,
     key: str | None = "key",
+    absent: Mapping[str, Any] | None = None,
 ) -> pa.Table:
     """Read metadata from a file, a directory of part files, or a list of files.
 
@@ -191,6 +192,9 @@ def read_metadata(
         columns: read only these columns (those absent are left for the breakdown's
             validation to report).
         key: the key column, read from a CSV as text (so ``001`` stays ``"001"``).
+        absent: values for columns a part file lacks while others have them (e.g.
+            :meth:`TokenSpec.absent_as_zero`): the part then reads as it does alone, where an
+            absent optional column counts 0, instead of as nulls.
 
     Returns:
         One table, parts concatenated in order (schemas unified; a part missing a column
@@ -207,4 +211,14 @@ def read_metadata(
             raise ConfigError(f"cannot read {str(p)!r} as {fmt}{hint}: {exc}") from None
     if len(tables) == 1:
         return tables[0]
+    if absent:
+        names = {n for t in tables for n in t.column_names}
+        tables = [_fill_absent(t, names, absent) for t in tables]
     return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _fill_absent(table: pa.Table, names: set[str], absent: Mapping[str, Any]) -> pa.Table:
+    for name in sorted(names - set(table.column_names)):
+        if name in absent:
+            table = table.append_column(name, pa.array([absent[name]] * table.num_rows))
+    return table
