@@ -247,7 +247,8 @@ class StreamBucketer:
     @staticmethod
     def _fresh_live(done: Iterable[str], emitted: Mapping[str, Iterable[str]], counted: Mapping[str, int],
                     batches: int) -> dict[str, Any]:
-        return {"done": sorted(done), "emitted": {s: list(k) for s, k in emitted.items()}, "counted": dict(counted),
+        # done: a dict as an ordered set (a source that interleaves shards asks "done?" often)
+        return {"done": dict.fromkeys(sorted(done)), "emitted": {s: list(k) for s, k in emitted.items()}, "counted": dict(counted),
                 "pending": {}, "buffered": {}, "batches": batches, "ended": False}
 
     # -- metadata ----------------------------------------------------------------------------
@@ -504,10 +505,10 @@ class StreamBucketer:
             live["pending"].pop(shard, None)
             live["emitted"].pop(shard, None)
             live["counted"].pop(shard, None)
-            live["done"].append(shard)
+            live["done"][shard] = None
 
     def _reopen(self, shard: str) -> None:
-        self._live["done"].remove(shard)
+        del self._live["done"][shard]
         if not self._warned_reopen:
             self._warned_reopen = True
             warnings.warn(f"shard {shard!r} gave a sample after the stream had moved past it (a source that "
@@ -522,7 +523,7 @@ class StreamBucketer:
         if self._loaded is not None:  # loaded, not yet iterated: hand the loaded state on
             return {**self._loaded, "stats": stats}
         live = self._live
-        return {"done_shards": sorted(set(live["done"])),
+        return {"done_shards": sorted(live["done"]),
                 "emitted": {s: sorted(set(k)) for s, k in live["emitted"].items()},
                 "counted": dict(live["counted"]),
                 "buffered": [[s, k] for s, k in live["buffered"]],
