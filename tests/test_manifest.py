@@ -183,6 +183,14 @@ def test_manifest_directory_of_parts_round_trip(metadata: Path, tmp_path: Path) 
     build_manifest(metadata, SPEC, COST, out, budget_bytes=BUDGET, on_oversize="reject", batch_rows=5_000,
                    part_rows=10_000)
     assert len(sorted(out.glob("part-*.parquet"))) == 2
+    # parts go by number (part-100000 after part-99999), and each must sit where it was written
+    (out / "part-00001.parquet").rename(out / "part-100000.parquet")
+    assert load_manifest(out).table.column("key").to_pylist() == single.table.column("key").to_pylist()
+    (out / "part-00000.parquet").rename(out / "part-200000.parquet")
+    with pytest.raises(ConfigError, match="holds part 1 but sits at position 0"):
+        load_manifest(out)
+    (out / "part-100000.parquet").rename(out / "part-00001.parquet")
+    (out / "part-200000.parquet").rename(out / "part-00000.parquet")
     (out / "part-00001.parquet").unlink()
     with pytest.raises(ConfigError, match="should hold 2 parts"):
         load_manifest(out)

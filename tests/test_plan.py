@@ -178,3 +178,5 @@ def test_plan_every_mode_checks_the_budget_and_reports_when_nothing_fits() -> No
         assert plan.buckets == () and plan.oversize["count"] == 2 and plan.oversize["largest"] == 2 * 10**6
         with pytest.raises(ConfigError, match="budget_bytes"):
             plan_buckets([100], COST, 0, mode=mode)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="multiple"):
+            plan_buckets([100], COST, BUDGET, mode=mode, multiple=-64)  # type: ignore[arg-type]

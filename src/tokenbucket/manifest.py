@@ -442,6 +442,11 @@ def _refuse_duplicates(part: pa.Table, dup: np.ndarray) -> pa.Table:
     return pa.table(cols, schema=part.schema)
 
 
+def _part_number(path: Path) -> tuple[int, str]:
+    digits = path.stem.removeprefix("part-")
+    return (int(digits), path.name) if digits.isdigit() else (-1, path.name)
+
+
 def _check_unique_keys(keys: pa.Array) -> None:
     dup = duplicate_rows(keys)
     if len(dup):
@@ -459,7 +464,8 @@ def load_manifest(path: str | Path, *, verify: bool = True) -> Manifest:
             recorded hash (truncated or edited).
     """
     path = Path(path)
-    files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
+    # by part number, not by name: part-100000 comes after part-99999
+    files = sorted(path.glob("part-*.parquet"), key=_part_number) if path.is_dir() else [path]
     if not files:
         raise ConfigError(f"{str(path)!r} is a directory without part-*.parquet manifest files")
     infos = [_read_part(f, verify) for f in files]
@@ -467,9 +473,11 @@ def load_manifest(path: str | Path, *, verify: bool = True) -> Manifest:
     if path.is_dir():
         if first.get("parts") != len(files):
             raise ConfigError(f"{str(path)!r} should hold {first.get('parts')} parts, but holds {len(files)}")
-        for f, info in zip(files, infos, strict=True):
+        for i, (f, info) in enumerate(zip(files, infos, strict=True)):
             if info["plan"] != first["plan"] or info["created"] != first["created"]:
                 raise ConfigError(f"{str(f)!r} belongs to another manifest than {str(files[0])!r}")
+            if info.get("part", i) != i:  # rows are indexed in part order: a renamed part would shift them
+                raise ConfigError(f"{str(f)!r} holds part {info.get('part')} but sits at position {i}")
         combined = hashlib.sha256("".join(i["content_hash"] for i in infos).encode()).hexdigest()
         first = {**first, "rows": sum(i["rows"] for i in infos), "content_hash": combined}
         first.pop("part", None)

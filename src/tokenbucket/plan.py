@@ -311,6 +311,8 @@ def plan_buckets(
         raise ConfigError(f"mode should be 'static', 'dynamic' or 'packed', but got mode={mode!r}")
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1:
         raise ConfigError(f"budget_bytes should be a positive integer, but got budget_bytes={budget_bytes!r}")
+    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+        raise ConfigError(f"multiple should be a positive integer, but got multiple={multiple!r}")
     if mode == "packed":
         if isinstance(lengths, LengthHistogram):
             raise ConfigError("packed mode packs the samples themselves: give the lengths, not a histogram")
