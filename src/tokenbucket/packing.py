@@ -401,15 +401,8 @@ class PackedBatchSampler(Sampler[list[int]]):
                 "seed": self.seed, "mode": self.mode}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        state = dict(state)
-        for key in ("plan_id", "world_size", "seed", "mode"):
-            theirs, mine = state.pop(key), getattr(self, key)
-            if theirs != mine:
-                raise ConfigError(f"cannot resume: saved {key}={theirs!r} but this sampler has {key}={mine!r}")
-        epoch, step = int(state.pop("epoch")), int(state.pop("step"))
-        if state:
-            raise ConfigError(f"unexpected keys in the packed sampler state: {sorted(state)}")
-        if epoch < 0 or step < 0:
-            raise ConfigError(f"cannot resume: saved epoch={epoch}, step={step}; both should be at least 0")
-        self.epoch = epoch
+        from tokenbucket.sampler import resume_position
+
+        mine = {key: getattr(self, key) for key in ("plan_id", "world_size", "seed", "mode")}
+        self.epoch, step = resume_position(state, mine, "packed sampler")
         self.step = self._resume = step

@@ -25,7 +25,7 @@ State (``state_dict``, torchdata's ``StatefulDataLoader`` protocol): ``epoch``, 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -289,23 +289,30 @@ class BucketBatchSampler(Sampler[list[int]]):
                 "seed": self.seed, "drop_last": self.drop_last, "sync_buckets": self.sync_buckets, "mode": self.mode}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        state = dict(state)
-        for key, mine in (("plan_id", self.plan_id), ("world_size", self.world_size), ("seed", self.seed),
-                          ("drop_last", self.drop_last), ("sync_buckets", self.sync_buckets), ("mode", self.mode)):
-            theirs = state.pop(key)
-            if theirs != mine:
-                why = {
-                    "plan_id": "the manifest changed, so the saved position means other batches; start a new epoch",
-                    "world_size": "the number of ranks changed, so every rank's slice changed",
-                }.get(key, "the batches of the epoch would differ")
-                raise ConfigError(f"cannot resume: saved {key}={theirs!r} but this sampler has {key}={mine!r} ({why})")
-        epoch, step = int(state.pop("epoch")), int(state.pop("step"))
-        if state:
-            raise ConfigError(f"unexpected keys in the sampler state: {sorted(state)}")
-        if epoch < 0 or step < 0:
-            raise ConfigError(f"cannot resume: saved epoch={epoch}, step={step}; both should be at least 0")
-        self.epoch = epoch
+        self.epoch, step = resume_position(state, {
+            "plan_id": self.plan_id, "world_size": self.world_size, "seed": self.seed, "drop_last": self.drop_last,
+            "sync_buckets": self.sync_buckets, "mode": self.mode}, "sampler")
         self.step = self._resume_step = step
+
+
+def resume_position(state: Mapping[str, Any], mine: Mapping[str, Any], what: str) -> tuple[int, int]:
+    """A saved sampler state's ``(epoch, step)``, once its identity (``mine``: plan id, world
+    size, seed, ...) is this sampler's; else a ConfigError saying why the position means nothing here."""
+    state = dict(state)
+    for key, value in mine.items():
+        theirs = state.pop(key)
+        if theirs != value:
+            why = {
+                "plan_id": "the manifest changed, so the saved position means other batches; start a new epoch",
+                "world_size": "the number of ranks changed, so every rank's slice changed",
+            }.get(key, "the batches of the epoch would differ")
+            raise ConfigError(f"cannot resume: saved {key}={theirs!r} but this sampler has {key}={value!r} ({why})")
+    epoch, step = int(state.pop("epoch")), int(state.pop("step"))
+    if state:
+        raise ConfigError(f"unexpected keys in the {what} state: {sorted(state)}")
+    if epoch < 0 or step < 0:
+        raise ConfigError(f"cannot resume: saved epoch={epoch}, step={step}; both should be at least 0")
+    return epoch, step
 
 
 def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:

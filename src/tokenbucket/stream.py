@@ -238,6 +238,7 @@ class StreamBucketer:
         self.on_invalid, self.batches = on_invalid, batches
         self.rejected = rejected
         self.shard_sizes = dict(shard_sizes) if shard_sizes is not None else None
+        self._absent = spec.absent_as_zero()  # what a sample lacking an optional key counts
         self.stats = StreamStats()
         self._loaded: dict[str, Any] | None = None  # a loaded state, until the resumed pass starts
         self._skipping: tuple[set[str], dict[str, set[str]]] = (set(), {})
@@ -312,7 +313,7 @@ class StreamBucketer:
             return []
         try:
             # keys are the stream's: unique per shard (webdataset's identity is url + key), so not checked here
-            result = breakdown_table(table_from_rows(rows, self.spec.absent_as_zero()), self.spec,
+            result = breakdown_table(table_from_rows(rows, self._absent), self.spec,
                                      on_invalid="reject", check_keys=False)
         except (MetadataError, pa.ArrowException, OverflowError, TypeError):
             # a column absent from the whole chunk, mixed types, a value past int64, a schema
