@@ -5,10 +5,10 @@ Command (what the README's table comes from):
     .venv/bin/python benchmarks/bench_cost_model.py            # 4 layers, 720 points, ~5 min
     .venv/bin/python benchmarks/bench_cost_model.py --quick    # a corner sample
 
-For the reference block (``tokenbucket.reference``) at D ∈ {256, 512, 1024} (head dim 64),
+For the reference block (``tokenbucket.cost.reference``) at D ∈ {256, 512, 1024} (head dim 64),
 L ∈ {512, 1024, 2048, 4096, 8192}, B ∈ {1, 2, 4}, flash and eager attention, bf16 and amp,
 with and without full checkpointing, GELU and SwiGLU MLPs: the predicted training peak
-(``CostModel.memory``) over the measured one (``tokenbucket.profile.profile_memory``, live
+(``CostModel.memory``) over the measured one (``tokenbucket.cost.profile.profile_memory``, live
 storage on fake tensors, two AdamW steps). Reports, per configuration, the worst and the mean
 absolute error and how often the model is below the measurement (an under-estimate is the
 dangerous side: it can OOM).
@@ -24,10 +24,10 @@ from collections import defaultdict
 
 import torch
 
-from tokenbucket.cost import CostModel
-from tokenbucket.model import ModelSpec
-from tokenbucket.profile import profile_memory
-from tokenbucket.reference import ReferenceTransformer
+from tokenbucket.cost.memory import CostModel
+from tokenbucket.cost.model import ModelSpec
+from tokenbucket.cost.profile import profile_memory
+from tokenbucket.cost.reference import ReferenceTransformer
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from tokenbucket.collate import BatchInfo
-from tokenbucket.monitor import BucketMonitor
-from tokenbucket.plan import Bucket, BucketPlan
-from tokenbucket.sinks import LoggingSink
+from tokenbucket.monitor.hooks import BucketMonitor
+from tokenbucket.monitor.sinks import LoggingSink
+from tokenbucket.plan.buckets import Bucket, BucketPlan
+from tokenbucket.train.collate import BatchInfo
 
 
 def plan_and_batches(buckets: int = 8) -> tuple[BucketPlan, list[dict[str, Any]]]:
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     plan, _ = plan_and_batches()
-    logging.getLogger("tokenbucket.monitor").setLevel(logging.INFO)  # steps at DEBUG: filtered
+    logging.getLogger("tokenbucket.monitor.hooks").setLevel(logging.INFO)  # steps at DEBUG: filtered
     with tempfile.TemporaryDirectory() as tmp:
         configs: dict[str, tuple[Callable[[], BucketMonitor | None], bool]] = {
             "off": (lambda: None, False),

@@ -150,7 +150,7 @@ t_iter = time.perf_counter() - start
 finish(batches, natural(batches), t_build, t_iter)
 """,
     "oracle: sort all, fill greedily": """
-from tokenbucket._batching import max_batch_table
+from tokenbucket.plan._search import max_batch_table
 base = hwm("VmRSS")
 start = time.perf_counter()
 order = np.argsort(lengths, kind="stable")
@@ -167,8 +167,8 @@ t_iter = time.perf_counter() - start
 finish(batches, natural(batches), t_build, t_iter)
 """,
     "tokenbucket static (≤ 32 shapes)": """
-from tokenbucket.plan import plan_buckets
-from tokenbucket.sampler import BucketBatchSampler, plan_id_of
+from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.train.sampler import BucketBatchSampler, plan_id_of
 base = hwm("VmRSS")
 start = time.perf_counter()
 plan = plan_buckets(lengths, cost, budget, max_buckets=32)
@@ -183,8 +183,8 @@ shapes = [(plan.buckets[buckets[b[0]]].batch_size, plan.buckets[buckets[b[0]]].b
 finish(batches, shapes, t_build, t_iter)
 """,
     "tokenbucket dynamic": """
-from tokenbucket.plan import plan_buckets
-from tokenbucket.sampler import BucketBatchSampler, plan_id_of
+from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.train.sampler import BucketBatchSampler, plan_id_of
 base = hwm("VmRSS")
 start = time.perf_counter()
 plan = plan_buckets(lengths, cost, budget, max_buckets=32, mode="dynamic")
@@ -198,9 +198,9 @@ t_iter = time.perf_counter() - start
 finish(batches, natural(batches), t_build, t_iter)
 """,
     "tokenbucket packed (1 shape)": """
-from tokenbucket.plan import plan_buckets
-from tokenbucket.packing import PackedBatchSampler
-from tokenbucket.sampler import plan_id_of
+from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.train.packing import PackedBatchSampler
+from tokenbucket.train.sampler import plan_id_of
 base = hwm("VmRSS")
 start = time.perf_counter()
 plan = plan_buckets(lengths, cost, budget, mode="packed")

@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table, gpu_budget_bytes
-from tokenbucket._batching import max_batch_table
-from tokenbucket.plan import BucketPlan, plan_buckets
+from tokenbucket.plan._search import max_batch_table
+from tokenbucket.plan.buckets import BucketPlan, plan_buckets
 from tokenbucket.testing import mixture_a
 
 DATA = Path(__file__).parent / "_data"
@@ -120,7 +120,7 @@ def speed(rows: int) -> None:
     code = (
         "import time\n"
         "from tokenbucket import CostModel, ModelSpec, TokenSpec, gpu_budget_bytes\n"
-        "from tokenbucket.manifest import build_manifest\n"
+        "from tokenbucket.plan.manifest import build_manifest\n"
         "start = time.perf_counter()\n"
         f"m = build_manifest({str(path)!r}, TokenSpec(patch=14), CostModel(ModelSpec.preset('design-24L-1024'), "
         f"'H100-SXM'), {str(DATA / 'manifest.parquet')!r}, budget_bytes=gpu_budget_bytes('H100-SXM'), "

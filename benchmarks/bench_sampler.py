@@ -22,7 +22,7 @@ import sys
 PREPARE = """
 import numpy as np, json
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table, gpu_budget_bytes
-from tokenbucket.plan import plan_buckets
+from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.testing import mixture_a
 lengths = breakdown_table(mixture_a({n}, seed=0), TokenSpec(patch=14)).totals
 plan = plan_buckets(lengths, CostModel(ModelSpec.preset("design-24L-1024"), "H100-SXM"), gpu_budget_bytes("H100-SXM"),
@@ -37,7 +37,7 @@ _HWM = 'int([l for l in open("/proc/self/status") if l.startswith("{key}")][0].s
 TOKENBUCKET = """
 import json, time
 import numpy as np
-from tokenbucket.sampler import BucketBatchSampler, plan_id_of
+from tokenbucket.train.sampler import BucketBatchSampler, plan_id_of
 buckets = np.load({buckets_path!r})
 base = """ + _HWM.format(key="VmRSS") + """
 start = time.perf_counter()

@@ -35,10 +35,10 @@ import pyarrow as pa
 import webdataset as wds
 
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.plan import plan_buckets
-from tokenbucket.stream import StreamBucketer
+from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.stream.bucketer import StreamBucketer
+from tokenbucket.stream.wds import bucketed
 from tokenbucket.testing import mixture_a
-from tokenbucket.wds import bucketed
 
 SPEC = TokenSpec(patch=112)
 COST = CostModel(ModelSpec(hidden=32, layers=2, heads=4, precision="fp32", attention="flash"))

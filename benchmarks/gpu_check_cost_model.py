@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from tokenbucket.cost import CostModel
-from tokenbucket.model import ModelSpec
-from tokenbucket.profile import profile_memory
-from tokenbucket.reference import ReferenceTransformer
+from tokenbucket.cost.memory import CostModel
+from tokenbucket.cost.model import ModelSpec
+from tokenbucket.cost.profile import profile_memory
+from tokenbucket.cost.reference import ReferenceTransformer
 
 CONFIGS = [
     # (hidden, layers, heads, precision, attention, checkpointing, batch, length)

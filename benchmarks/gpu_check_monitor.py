@@ -21,11 +21,11 @@ import time
 import torch
 
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.collate import BatchInfo
-from tokenbucket.monitor import BucketMonitor, CudaMemory
-from tokenbucket.plan import plan_buckets
-from tokenbucket.reference import ReferenceTransformer
+from tokenbucket.cost.reference import ReferenceTransformer
+from tokenbucket.monitor.hooks import BucketMonitor, CudaMemory
+from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.testing import mixture_a
+from tokenbucket.train.collate import BatchInfo
 
 
 def gib(nbytes: int | None) -> str:

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table, gpu_budget_bytes
-from tokenbucket.plan import plan_buckets
-from tokenbucket.sources.lerobot import lerobot_rows, read_lerobot_metadata
+from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.tokens.lerobot import lerobot_rows, read_lerobot_metadata
 
 SHARED_INFO = Path(__file__).resolve().parents[2] / "shared" / "data" / "lerobot" / "svla_so100_pickplace.json"
 

@@ -24,11 +24,11 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from tokenbucket import BucketMonitor, CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.monitor import format_summary
-from tokenbucket.plan import plan_buckets
-from tokenbucket.stream import StreamCollate
+from tokenbucket.monitor.hooks import format_summary
+from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.stream.bucketer import StreamCollate
+from tokenbucket.stream.wds import index_shards
 from tokenbucket.testing import mixture_a
-from tokenbucket.wds import index_shards
 
 HIDDEN = 16
 SPEC = TokenSpec(patch=112)

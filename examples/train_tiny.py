@@ -19,9 +19,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.collate import BucketCollate, TokenBucketDataset
-from tokenbucket.monitor import BucketMonitor, format_summary
-from tokenbucket.plan import plan_buckets
+from tokenbucket.monitor.hooks import BucketMonitor, format_summary
+from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
 
 HIDDEN = 32
 

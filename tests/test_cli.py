@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tokenbucket.cli import main
+from tokenbucket.cli.main import main
 from tokenbucket.testing import mixture_a
 
 
@@ -90,7 +90,7 @@ def test_cli_bad_flags_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_demo_runs_as_a_process(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tokenbucket.cli", "demo", "--out", str(tmp_path), "--samples", "5000"],
+        [sys.executable, "-m", "tokenbucket.cli.main", "demo", "--out", str(tmp_path), "--samples", "5000"],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 0, proc.stderr
@@ -149,7 +149,7 @@ def test_cli_ledger_json_with_whatif(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_cli_profile_user_model_side_by_side(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, out, _ = run(capsys, "profile", "tokenbucket.reference:ReferenceTransformer", "--hidden", "256",
+    code, out, _ = run(capsys, "profile", "tokenbucket.cost.reference:ReferenceTransformer", "--hidden", "256",
                        "--layers", "2", "--heads", "4", "--batch", "2", "--length", "512", "--length", "1024",
                        "--save", str(tmp_path / "p.json"), "--json")
     rows = json.loads(out)

@@ -14,9 +14,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_sample, breakdown_table
-from tokenbucket.collate import BucketCollate, EmptyRow, TokenBucketDataset, token_layout
-from tokenbucket.manifest import build_manifest
-from tokenbucket.plan import plan_buckets
+from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.plan.manifest import build_manifest
+from tokenbucket.train.collate import BucketCollate, EmptyRow, TokenBucketDataset, token_layout
 
 SPEC = TokenSpec(patch=56, special_per_frame=1, special_per_camera=2)
 COST = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32", attention="eager"))

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tokenbucket import ConfigError
-from tokenbucket.cost import MEMORY_ITEMS, CostModel
-from tokenbucket.model import ModelSpec
-from tokenbucket.profile import StorageTracker, profile_memory
-from tokenbucket.reference import ReferenceTransformer
+from tokenbucket.cost.memory import MEMORY_ITEMS, CostModel
+from tokenbucket.cost.model import ModelSpec
+from tokenbucket.cost.profile import StorageTracker, profile_memory
+from tokenbucket.cost.reference import ReferenceTransformer
 
 MiB, GiB = 2**20, 2**30
 DESIGN = ModelSpec.preset("design-24L-1024")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tokenbucket import ConfigError, TokenSpec
-from tokenbucket.ledger import ledger_with_whatifs, shape_ledger
-from tokenbucket.model import ModelSpec
+from tokenbucket.cost.ledger import ledger_with_whatifs, shape_ledger
+from tokenbucket.cost.model import ModelSpec
 
 SAMPLE = {"cameras": 4, "frames": 16, "height": 224, "width": 224}
 SPEC = TokenSpec(patch=14)

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table, gpu_budget_bytes
-from tokenbucket.manifest import build_manifest, load_manifest
-from tokenbucket.plan import plan_buckets
+from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.plan.manifest import build_manifest, load_manifest
 from tokenbucket.testing import mixture_a
 
 SPEC = TokenSpec(patch=14)
@@ -138,7 +138,7 @@ def test_manifest_load_refuses_foreign_truncated_and_edited_files(metadata: Path
 
 
 def _part_histogram(args: tuple[str, dict[str, object]]) -> dict[str, list[int]]:
-    from tokenbucket.manifest import length_histogram
+    from tokenbucket.plan.manifest import length_histogram
 
     path, spec = args
     return length_histogram(path, TokenSpec.from_dict(spec)).to_dict()
@@ -147,7 +147,7 @@ def _part_histogram(args: tuple[str, dict[str, object]]) -> dict[str, list[int]]
 def test_manifest_parts_counted_in_parallel_processes_plan_like_one_pass(tmp_path: Path) -> None:
     import multiprocessing as mp
 
-    from tokenbucket.plan import LengthHistogram
+    from tokenbucket.plan.buckets import LengthHistogram
 
     table = mixture_a(12_000, seed=6)
     parts = []

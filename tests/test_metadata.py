@@ -108,7 +108,7 @@ def test_metadata_empty_table_gives_empty_breakdown(tmp_path: Path) -> None:
 
 
 def test_table_from_rows_keeps_keys_the_first_row_lacks() -> None:
-    from tokenbucket.metadata import table_from_rows
+    from tokenbucket.tokens.metadata import table_from_rows
 
     rows = [{"a": 1}, {"a": 2, "t": 5}, {"a": 3, "t": None}]
     assert table_from_rows(rows).to_pylist() == [{"a": 1, "t": None}, {"a": 2, "t": 5}, {"a": 3, "t": None}]
@@ -118,7 +118,7 @@ def test_table_from_rows_keeps_keys_the_first_row_lacks() -> None:
 
 
 def test_absent_as_zero_names_the_columns_only_optional_rules_read() -> None:
-    from tokenbucket.spec import CountRule
+    from tokenbucket.tokens.spec import CountRule
 
     assert TokenSpec().absent_as_zero() == {"action_tokens": 0, "memory_tokens": 0, "proprio_tokens": 0,
                                             "text_tokens": 0}
@@ -129,7 +129,7 @@ def test_absent_as_zero_names_the_columns_only_optional_rules_read() -> None:
 
 
 def test_csv_keys_stay_text(tmp_path: Path) -> None:
-    from tokenbucket.metadata import iter_metadata_batches
+    from tokenbucket.tokens.metadata import iter_metadata_batches
 
     path = tmp_path / "meta.csv"
     path.write_text("key,cameras,frames,height,width\n001,1,16,224,224\n1,1,16,224,224\n")
@@ -142,7 +142,7 @@ def test_csv_keys_stay_text(tmp_path: Path) -> None:
 
 
 def test_parts_lacking_an_optional_column_count_as_they_do_alone(tmp_path: Path) -> None:
-    from tokenbucket.metadata import iter_metadata_batches
+    from tokenbucket.tokens.metadata import iter_metadata_batches
 
     table = mixture_a(40, seed=3)
     pq.write_table(table.slice(0, 20), tmp_path / "part-0.parquet")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tokenbucket import ConfigError
-from tokenbucket.model import MODEL_PRESETS, ModelSpec
+from tokenbucket.cost.model import MODEL_PRESETS, ModelSpec
 
 
 @pytest.mark.parametrize(

@@ -28,12 +28,12 @@ from torch.utils.data import DataLoader
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket._exceptions import OOMRiskError, OOMRiskWarning, PlanDriftWarning
-from tokenbucket.collate import BucketCollate, TokenBucketDataset
-from tokenbucket.monitor import BucketMonitor, format_summary, is_oom, read_replay, split_batch, summarize_events
-from tokenbucket.plan import plan_buckets
-from tokenbucket.risk import RiskSplitSampler, static_split
-from tokenbucket.sinks import JsonlSink, LoggingSink, TensorBoardSink
+from tokenbucket.monitor.hooks import BucketMonitor, format_summary, is_oom, read_replay, split_batch, summarize_events
+from tokenbucket.monitor.sinks import JsonlSink, LoggingSink, TensorBoardSink
+from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.testing import RandomTokens
+from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
+from tokenbucket.train.risk import RiskSplitSampler, static_split
 
 SPEC = TokenSpec(patch=56)
 HIDDEN = 8
@@ -471,9 +471,9 @@ def test_jsonl_lines_stay_valid_when_the_process_is_killed(tmp_path: Path) -> No
     path = tmp_path / "run.jsonl"
     script = textwrap.dedent(f"""
         import itertools
-        from tokenbucket.collate import BatchInfo
-        from tokenbucket.monitor import BucketMonitor
-        from tokenbucket.plan import Bucket, BucketPlan
+        from tokenbucket.train.collate import BatchInfo
+        from tokenbucket.monitor.hooks import BucketMonitor
+        from tokenbucket.plan.buckets import Bucket, BucketPlan
         bucket = Bucket(bound=64, batch_size=4, samples=8, batches=2, tokens=500, padded_tokens=512,
                         predicted_peak_bytes=2**20, fill=0.5, padding_efficiency=0.97, step_seconds=0.0)
         plan = BucketPlan(mode="static", budget_bytes=2**21, buckets=(bucket,))
@@ -528,7 +528,7 @@ def test_logging_tensorboard_and_callable_sinks(caplog: pytest.LogCaptureFixture
                             memory=None)
     batch = batches(data)[0]
     k = batch["info"].bucket
-    with caplog.at_level(logging.DEBUG, logger="tokenbucket.monitor"):
+    with caplog.at_level(logging.DEBUG, logger="tokenbucket.monitor.hooks"):
         with monitor.step(batch["info"], batch):
             pass
     assert any(r.levelno == logging.DEBUG and f"bucket={k}" in r.getMessage() for r in caplog.records)

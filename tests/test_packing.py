@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.collate import TokenBucketDataset
-from tokenbucket.packing import PackedCollate, block_diagonal_mask, flex_block_mask, pack_rows
-from tokenbucket.plan import OversizeError, plan_buckets
+from tokenbucket.plan.buckets import OversizeError, plan_buckets
 from tokenbucket.testing import RandomTokens, mixture_a
+from tokenbucket.train.collate import TokenBucketDataset
+from tokenbucket.train.packing import PackedCollate, block_diagonal_mask, flex_block_mask, pack_rows
 
 
 def test_pack_rows_every_sample_once_rows_fit_deterministic() -> None:
@@ -165,7 +165,7 @@ def test_flex_block_mask_matches_the_sdpa_mask() -> None:
 
 def test_plan_packed_on_mixture_a_flash_beats_the_oracle_in_one_shape() -> None:
     from tokenbucket import gpu_budget_bytes
-    from tokenbucket._batching import max_batch_table
+    from tokenbucket.plan._search import max_batch_table
 
     lengths = breakdown_table(mixture_a(200_000, seed=0), TokenSpec(patch=14)).totals
     cost = CostModel(ModelSpec.preset("design-24L-1024"), "H100-SXM")
@@ -282,10 +282,10 @@ def test_packed_manifest_from_the_cli_feeds_the_packed_sampler(tmp_path: object)
 
     import pyarrow.parquet as pq
 
-    from tokenbucket.cli import main
-    from tokenbucket.manifest import load_manifest
-    from tokenbucket.packing import PackedBatchSampler
-    from tokenbucket.sampler import BucketBatchSampler
+    from tokenbucket.cli.main import main
+    from tokenbucket.plan.manifest import load_manifest
+    from tokenbucket.train.packing import PackedBatchSampler
+    from tokenbucket.train.sampler import BucketBatchSampler
 
     root = Path(str(tmp_path))
     pq.write_table(mixture_a(2000, seed=2), root / "meta.parquet")

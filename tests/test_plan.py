@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table, gpu_budget_bytes
-from tokenbucket.plan import BucketPlan, LengthHistogram, OversizeError, check_plan, plan_buckets
+from tokenbucket.plan.buckets import BucketPlan, LengthHistogram, OversizeError, check_plan, plan_buckets
 from tokenbucket.testing import mixture_a
 
 MODEL = ModelSpec.preset("design-24L-1024")
@@ -158,7 +158,7 @@ def test_plan_invariants_hold_on_random_length_distributions(lengths: list[int],
 
 
 def test_plan_from_bounds_predicts_like_the_planner(lengths: np.ndarray) -> None:
-    from tokenbucket.plan import plan_from_bounds
+    from tokenbucket.plan.buckets import plan_from_bounds
 
     auto = plan_buckets(lengths, COST, BUDGET, max_buckets=6, on_oversize="reject")
     by_hand = plan_from_bounds(auto.bounds.tolist(), auto.batch_sizes.tolist(), lengths, COST, BUDGET)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tokenbucket import ConfigError
-from tokenbucket.cost import CostModel
-from tokenbucket.model import ModelSpec
-from tokenbucket.profile import (
+from tokenbucket.cost.memory import CostModel
+from tokenbucket.cost.model import ModelSpec
+from tokenbucket.cost.profile import (
     MeasuredCostModel,
     Profile,
     max_batch_measured,
@@ -19,7 +19,7 @@ from tokenbucket.profile import (
     profile_memory,
     profile_points,
 )
-from tokenbucket.reference import ReferenceTransformer
+from tokenbucket.cost.reference import ReferenceTransformer
 
 from .user_models import build, make_batch
 

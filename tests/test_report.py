@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.cli import main
-from tokenbucket.report import read_events, write_report
+from tokenbucket.cli.main import main
+from tokenbucket.monitor.report import read_events, write_report
 
 # bucket -> step latencies (s); bucket 2 also OOMs once
 LATENCIES = {0: [0.010, 0.012, 0.011, 0.013], 1: [0.020, 0.025, 0.022], 2: [0.040, 0.050]}

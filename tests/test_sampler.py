@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table, gpu_budget_bytes
-from tokenbucket.plan import plan_buckets
-from tokenbucket.sampler import BucketBatchSampler, epoch_steps, plan_id_of
+from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.testing import mixture_a
+from tokenbucket.train.sampler import BucketBatchSampler, epoch_steps, plan_id_of
 
 PLAN_ID = plan_id_of("test")
 
@@ -180,7 +180,7 @@ def test_dynamic_sampler_names_a_sample_its_cost_model_cannot_fit() -> None:
 _SCRIPT = """
 import json, sys
 from tests.test_sampler import mixture_buckets, PLAN_ID
-from tokenbucket.sampler import BucketBatchSampler
+from tokenbucket.train.sampler import BucketBatchSampler
 b, s = mixture_buckets(800)
 sampler = BucketBatchSampler(b, s, plan_id=PLAN_ID, seed=9, rank=1, world_size=2)
 sampler.set_epoch(int(sys.argv[1]))
@@ -267,7 +267,7 @@ def test_sampler_torch_dataloader_round_trip_with_persistent_workers() -> None:
 def test_sampler_from_manifest_static_and_dynamic(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    from tokenbucket.manifest import build_manifest
+    from tokenbucket.plan.manifest import build_manifest
 
     src = tmp_path / "meta.parquet"
     pq.write_table(mixture_a(3000, seed=12), src)

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokenbucket import ConfigError, TokenSpec, breakdown_sample, breakdown_table
-from tokenbucket.cli import main
-from tokenbucket.manifest import load_manifest
-from tokenbucket.sources.lerobot import LeRobotMetadata, lerobot_rows, read_lerobot_info, read_lerobot_metadata
+from tokenbucket.cli.main import main
+from tokenbucket.plan.manifest import load_manifest
+from tokenbucket.tokens.lerobot import LeRobotMetadata, lerobot_rows, read_lerobot_info, read_lerobot_metadata
 
 EXPECTED = {
     "pusht.json": [("observation.image", 96, 96)],
@@ -119,7 +119,7 @@ def cameras_of(rows: pa.Table, row: int = 0) -> list[tuple[str, int, int, int]]:
 
 
 def test_lerobot_public_names_sorted_and_importable() -> None:
-    import tokenbucket.sources.lerobot as module
+    import tokenbucket.tokens.lerobot as module
 
     assert module.__all__ == sorted(module.__all__)
     for name in module.__all__:

@@ -14,10 +14,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.breakdown import breakdown_sample
-from tokenbucket.monitor import split_batch
-from tokenbucket.plan import plan_buckets
-from tokenbucket.stream import (
+from tokenbucket.monitor.hooks import split_batch
+from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.stream.bucketer import (
     BucketedStream,
     StreamBucketer,
     StreamCollate,
@@ -25,6 +24,7 @@ from tokenbucket.stream import (
     stream_batch_counts,
 )
 from tokenbucket.testing import mixture_a
+from tokenbucket.tokens.breakdown import breakdown_sample
 
 SPEC = TokenSpec(patch=112)
 COST = CostModel(ModelSpec(hidden=32, layers=2, heads=4, precision="fp32", attention="flash"))
@@ -72,7 +72,7 @@ def test_stream_every_sample_once_every_batch_fits(mode: str, max_buffered: int 
 
 
 def test_stream_batches_report_tokens_by_modality(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tokenbucket.breakdown as breakdown
+    import tokenbucket.stream.bucketer as bucketer
 
     stream = samples(200)
     rows = [json.loads(s["json"]) for s in stream]
@@ -84,8 +84,8 @@ def test_stream_batches_report_tokens_by_modality(monkeypatch: pytest.MonkeyPatc
     stream[0] = {**stream[0], "json": json.dumps({**rows[0], "note": "x"}).encode()}
     stream[1] = {**stream[1], "json": json.dumps({**rows[1], "note": 1}).encode()}
     one_by_one: list[int] = []
-    real = breakdown.breakdown_sample
-    monkeypatch.setattr(breakdown, "breakdown_sample", lambda *a, **k: one_by_one.append(1) or real(*a, **k))
+    real = bucketer.breakdown_sample
+    monkeypatch.setattr(bucketer, "breakdown_sample", lambda *a, **k: one_by_one.append(1) or real(*a, **k))
     batches = list(StreamBucketer(plan, SPEC, lookahead=16)(stream))
     assert len(one_by_one) == 16  # the chunk holding both
     for b in batches:

@@ -19,10 +19,10 @@ import webdataset as wds
 from torch.utils.data import DataLoader
 
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.plan import plan_buckets
-from tokenbucket.stream import StreamCollate, read_rejected, stream_batch_counts
+from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.stream.bucketer import StreamCollate, read_rejected, stream_batch_counts
+from tokenbucket.stream.wds import bucketed, epoch_shards, index_shards
 from tokenbucket.testing import mixture_a
-from tokenbucket.wds import bucketed, epoch_shards, index_shards
 
 # webdataset 1.0 leaves the last shard's file open when a pipeline ends (a plain WebDataset
 # does too); collect it inside each test, where these filters apply, not in a later one
@@ -129,7 +129,7 @@ def test_wds_index_counts_upper_case_members_as_webdataset_reads_them(tmp_path: 
 def test_wds_resume_across_a_shuffle_buffer_through_the_index(shards: dict[str, Any]) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from tokenbucket.stream import BucketedStream
+    from tokenbucket.stream.bucketer import BucketedStream
 
     plan, index = shards["plan"], index_shards(shards["urls"], SPEC)
     sizes = dict(zip(index.urls, (len(k) for k in index.keys), strict=True))
@@ -168,7 +168,7 @@ def _ddp_worker(rank: int, world: int, port: int, root: str, out: str) -> None:
     try:
         meta = json.loads((Path(root) / "meta.json").read_text())
         urls = meta["urls"]
-        from tokenbucket.plan import BucketPlan
+        from tokenbucket.plan.buckets import BucketPlan
 
         plan = BucketPlan.from_json(meta["plan"])
         # every rank computes the same count from the index (NOTE [ Equal steps from a shard index ])

@@ -1,43 +1,28 @@
 """tokenbucket: memory-safe shape buckets for multi-camera video and VLA training.
 
-The data flow, one module per stage::
+One subpackage per stage; each imports only the stages above it in this map (tests/test_layout.py
+enforces it), and ``_exceptions``, ``_values``, ``_search`` and ``_config`` sit under them all::
 
-    sources/     a dataset's own metadata as rows, no pixels decoded (lerobot.py: LeRobot)
+    tokens/    what a sample costs in tokens: TokenSpec, metadata readers, the breakdown, LeRobot
        ▼
-    metadata rows (Parquet / JSONL / CSV)
-       │  metadata.py    read into one Arrow table
+    cost/      what a batch shape costs in bytes and FLOPs: ModelSpec, CostModel, GPUs, ledger, profiles
        ▼
-    TokenSpec ──► breakdown.py   per-sample tokens: vision (per camera) + text + proprio
-       │          (spec.py)      + action + memory + extras; vectorised, plus a scalar path
+    plan/      bucket bounds and batch sizes that fit the budget (BucketPlan), packing, the manifest
        ▼
-    ModelSpec ──► cost.py        bytes and FLOPs of a batch shape; GPU targets (gpus.py)
-       │          (model.py)     profile.py: the same measured on fake tensors or CUDA,
-       │                         on the user's model or the reference block (reference.py)
+    train/     TokenBucketDataset, samplers, collates, BatchInfo, risk checks before the GPU
        ▼
-    ledger.py    one sample's tokens as bytes and FLOPs, with what-ifs
+    stream/    the same for webdataset and other iterable sources
        ▼
-    plan.py      bucket bounds and batch sizes that fit the budget (BucketPlan)
+    monitor/   per-bucket latency and memory while training, sinks, the report
        ▼
-    manifest.py  one Parquet row per sample + the plan: the contract with training
-       ▼
-    sampler.py   BucketBatchSampler: deterministic, DDP-correct, resumable batches
-    collate.py   TokenBucketDataset + BucketCollate: bucket shapes, masks, BatchInfo;
-       │         risk.py: a batch predicted above the risk threshold is caught here
-       ▼
-    monitor.py   BucketMonitor: per-bucket latency, tokens/s, predicted vs measured memory,
-       │         drift, the OOM guard; sinks.py: JSONL, logging, TensorBoard, callables
-       ▼
-    report.py    the run log read back: per-bucket table, plots, one HTML page
+    cli/       the ``tokenbucket`` command, one module per verb, and the demo
 
-    stream.py    the same plan for streams: StreamBucketer buckets samples as they arrive
-                 (wds.py: the webdataset stage and the shard index for equal steps)
-    packing.py   whole samples packed into rows, with block-diagonal masks and varlen offsets
-
-``cli.py`` holds the ``tokenbucket`` command; ``testing.py`` the seeded reference workloads.
-Every public name is imported on first use (NOTE [ Lazy public API ]).
-Errors form one family rooted at :class:`TokenbucketError` (see ``_exceptions.py``).
+``testing`` holds the seeded reference workloads. Every public name is importable from here and
+imported on first use (NOTE [ Lazy public API ]). Errors form one family rooted at
+:class:`TokenbucketError` (see ``_exceptions.py``).
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from tokenbucket._exceptions import (
@@ -49,7 +34,10 @@ from tokenbucket._exceptions import (
     MissingColumnError,
     OOMRiskError,
     OOMRiskWarning,
+    OversizeError,
     PlanDriftWarning,
+    PlanError,
+    StateError,
     TokenbucketError,
 )
 
@@ -58,15 +46,55 @@ from tokenbucket._exceptions import (
 # sampler in a training job, the cost model in a notebook) does not pay for the others'
 # imports (pyarrow alone is ~27 MiB; see benchmarks/bench_sampler.py).
 _LAZY = {
-    "Breakdowns": "breakdown", "CameraTokens": "breakdown", "TokenBreakdown": "breakdown",
-    "breakdown_sample": "breakdown", "breakdown_table": "breakdown",
-    "CostModel": "cost", "FlopsEstimate": "cost", "MemoryEstimate": "cost",
-    "GPU": "gpus", "GPUS": "gpus", "get_gpu": "gpus", "gpu_budget_bytes": "gpus",
-    "ledger_with_whatifs": "ledger", "shape_ledger": "ledger",
-    "read_metadata": "metadata",
-    "ModelSpec": "model",
-    "BucketMonitor": "monitor",
-    "CameraSpec": "spec", "ColumnMap": "spec", "CountRule": "spec", "TokenSpec": "spec",
+    "CameraSpec": "tokens.spec",
+    "ColumnMap": "tokens.spec",
+    "CountRule": "tokens.spec",
+    "TokenSpec": "tokens.spec",
+    "read_metadata": "tokens.metadata",
+    "Breakdowns": "tokens.breakdown",
+    "CameraTokens": "tokens.breakdown",
+    "TokenBreakdown": "tokens.breakdown",
+    "breakdown_sample": "tokens.breakdown",
+    "breakdown_table": "tokens.breakdown",
+    "lerobot_rows": "tokens.lerobot",
+    "ModelSpec": "cost.model",
+    "CostModel": "cost.memory",
+    "FlopsEstimate": "cost.memory",
+    "MemoryEstimate": "cost.memory",
+    "GPU": "cost.gpus",
+    "GPUS": "cost.gpus",
+    "get_gpu": "cost.gpus",
+    "gpu_budget_bytes": "cost.gpus",
+    "ledger_with_whatifs": "cost.ledger",
+    "shape_ledger": "cost.ledger",
+    "MeasuredCostModel": "cost.profile",
+    "profile_memory": "cost.profile",
+    "Bucket": "plan.bucket_plan",
+    "BucketPlan": "plan.bucket_plan",
+    "LengthHistogram": "plan.bucket_plan",
+    "check_plan": "plan.buckets",
+    "plan_buckets": "plan.buckets",
+    "plan_from_bounds": "plan.buckets",
+    "Manifest": "plan.manifest",
+    "build_manifest": "plan.manifest",
+    "load_manifest": "plan.manifest",
+    "BatchInfo": "train.batch",
+    "Segment": "train.batch",
+    "token_layout": "train.batch",
+    "BucketCollate": "train.collate",
+    "TokenBucketDataset": "train.collate",
+    "BucketBatchSampler": "train.sampler",
+    "PackedBatchSampler": "train.packing",
+    "PackedCollate": "train.packing",
+    "block_diagonal_mask": "train.packing",
+    "RiskSplitSampler": "train.risk",
+    "StreamBucketer": "stream.bucketer",
+    "BucketMonitor": "monitor.hooks",
+    "JsonlSink": "monitor.sinks",
+    "LoggingSink": "monitor.sinks",
+    "TensorBoardSink": "monitor.sinks",
+    "read_events": "monitor.report",
+    "write_report": "monitor.report",
 }
 
 
@@ -74,28 +102,44 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tokenbucket' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(f"tokenbucket.{module}"), name)
     globals()[name] = value
     return value
 
 
 if TYPE_CHECKING:
-    from tokenbucket.breakdown import Breakdowns, CameraTokens, TokenBreakdown, breakdown_sample, breakdown_table
-    from tokenbucket.cost import CostModel, FlopsEstimate, MemoryEstimate
-    from tokenbucket.gpus import GPU, GPUS, get_gpu, gpu_budget_bytes
-    from tokenbucket.ledger import ledger_with_whatifs, shape_ledger
-    from tokenbucket.metadata import read_metadata
-    from tokenbucket.model import ModelSpec
-    from tokenbucket.monitor import BucketMonitor
-    from tokenbucket.spec import CameraSpec, ColumnMap, CountRule, TokenSpec
+    from tokenbucket.cost.gpus import GPU, GPUS, get_gpu, gpu_budget_bytes
+    from tokenbucket.cost.ledger import ledger_with_whatifs, shape_ledger
+    from tokenbucket.cost.memory import CostModel, FlopsEstimate, MemoryEstimate
+    from tokenbucket.cost.model import ModelSpec
+    from tokenbucket.cost.profile import MeasuredCostModel, profile_memory
+    from tokenbucket.monitor.hooks import BucketMonitor
+    from tokenbucket.monitor.report import read_events, write_report
+    from tokenbucket.monitor.sinks import JsonlSink, LoggingSink, TensorBoardSink
+    from tokenbucket.plan.bucket_plan import Bucket, BucketPlan, LengthHistogram
+    from tokenbucket.plan.buckets import check_plan, plan_buckets, plan_from_bounds
+    from tokenbucket.plan.manifest import Manifest, build_manifest, load_manifest
+    from tokenbucket.stream.bucketer import StreamBucketer
+    from tokenbucket.tokens.breakdown import Breakdowns, CameraTokens, TokenBreakdown, breakdown_sample, breakdown_table
+    from tokenbucket.tokens.lerobot import lerobot_rows
+    from tokenbucket.tokens.metadata import read_metadata
+    from tokenbucket.tokens.spec import CameraSpec, ColumnMap, CountRule, TokenSpec
+    from tokenbucket.train.batch import BatchInfo, Segment, token_layout
+    from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
+    from tokenbucket.train.packing import PackedBatchSampler, PackedCollate, block_diagonal_mask
+    from tokenbucket.train.risk import RiskSplitSampler
+    from tokenbucket.train.sampler import BucketBatchSampler
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchInfo",
     "Breakdowns",
+    "Bucket",
+    "BucketBatchSampler",
+    "BucketCollate",
     "BucketMonitor",
+    "BucketPlan",
     "CameraSpec",
     "CameraTokens",
     "ColumnMap",
@@ -108,21 +152,47 @@ __all__ = [
     "GPUS",
     "ImageTooSmallError",
     "InvalidValueError",
+    "JsonlSink",
+    "LengthHistogram",
+    "LoggingSink",
+    "Manifest",
+    "MeasuredCostModel",
     "MemoryEstimate",
     "MetadataError",
     "MissingColumnError",
     "ModelSpec",
     "OOMRiskError",
     "OOMRiskWarning",
+    "OversizeError",
+    "PackedBatchSampler",
+    "PackedCollate",
     "PlanDriftWarning",
+    "PlanError",
+    "RiskSplitSampler",
+    "Segment",
+    "StateError",
+    "StreamBucketer",
+    "TensorBoardSink",
     "TokenBreakdown",
+    "TokenBucketDataset",
     "TokenSpec",
     "TokenbucketError",
+    "block_diagonal_mask",
     "breakdown_sample",
     "breakdown_table",
+    "build_manifest",
+    "check_plan",
     "get_gpu",
     "gpu_budget_bytes",
     "ledger_with_whatifs",
+    "lerobot_rows",
+    "load_manifest",
+    "plan_buckets",
+    "plan_from_bounds",
+    "profile_memory",
+    "read_events",
     "read_metadata",
     "shape_ledger",
+    "token_layout",
+    "write_report",
 ]

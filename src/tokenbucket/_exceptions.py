@@ -5,6 +5,9 @@ can catch them all in one place and still tell them apart::
 
     TokenbucketError
      ├── ConfigError            a spec or option is invalid (names the field and the value)
+     ├── PlanError              the plan and the budget disagree
+     │    └── OversizeError         a sample does not fit the budget even alone
+     ├── StateError             a saved sampler / stream state that cannot be resumed here
      ├── OOMRiskError           a batch predicted above the risk threshold (``on_risk="raise"``)
      └── MetadataError          a metadata row is invalid (names row, key, column and value)
           ├── MissingColumnError    a required column is absent from the table
@@ -31,8 +34,11 @@ __all__ = [
     "MetadataError",
     "MissingColumnError",
     "OOMRiskError",
+    "OversizeError",
     "OOMRiskWarning",
     "PlanDriftWarning",
+    "PlanError",
+    "StateError",
     "TokenbucketError",
 ]
 
@@ -43,6 +49,18 @@ class TokenbucketError(Exception):
 
 class ConfigError(TokenbucketError, ValueError):
     """An invalid spec, option or config file entry."""
+
+
+class PlanError(TokenbucketError, ValueError):
+    """A plan that does not hold under its budget, or a budget no plan can meet."""
+
+
+class OversizeError(PlanError):
+    """Samples that do not fit the budget even alone (with ``on_oversize="error"``)."""
+
+
+class StateError(ConfigError):
+    """A saved state (a sampler's or a stream's) that does not match what it is loaded into."""
 
 
 class OOMRiskError(TokenbucketError):

@@ -1,0 +1,624 @@
+"""Per-bucket monitoring while training: latency, tokens/s, predicted vs measured memory, OOM risk,
+drift of the plan, and OOM capture that loses no sample.
+
+    monitor = BucketMonitor(plan, sinks=["run.jsonl"], cost_model=cost, data=data)
+    train = monitor.guard(train_step, policy="split")      # OOM-safe, and timed per bucket
+    for batch in loader:
+        train(batch)                                        # or: with monitor.step(batch["info"], batch): ...
+    print(format_summary(monitor.summary()))
+
+Events (one dict each, to every sink; JSON-ready):
+
+* ``start``: ``budget_bytes``, ``risk_threshold``, ``drift_margin``, ``plan_mode``, ``buckets``
+  (``bucket``, ``bound``, ``batch_size``, ``predicted_peak_bytes`` each).
+* ``step``: ``step``, ``bucket``, ``rows``, ``length``, ``real_tokens``, ``padded_tokens``,
+  ``latency_s``, ``tokens_per_s`` (real tokens), ``predicted_bytes``, ``measured_bytes`` and
+  ``reserved_bytes`` (``torch.cuda.max_memory_allocated`` / ``_reserved`` since the step began;
+  ``None`` without a memory reader, e.g. on CPU), ``risk`` (predicted / budget).
+* ``risk``: a batch above ``risk_threshold``: ``keys``, ``tokens`` by modality, ``cameras``.
+* ``oom``: an out-of-memory error: the batch's ``keys``, ``tokens``, ``cameras``, ``policy``,
+  ``message`` (and ``replay`` when its keys went to the replay file).
+* ``drift``: measured / predicted of a bucket rose past ``1 + drift_margin`` (then past each
+  further margin): ``ratio``, ``suggested_factor``.
+* ``adapt``: a bucket's batch size lowered after an OOM (``old_batch_size``, ``new_batch_size``).
+* ``resume``, ``summary`` (at :meth:`BucketMonitor.close`: the per-bucket table).
+
+NOTE [ Latency ]
+A batch on a GPU is timed with CUDA events recorded around the step and read when it ends (one
+synchronisation per step, which the measured peak needs anyway); anything else with
+``time.perf_counter``. The latency is the step's, not the loader's wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from tokenbucket._exceptions import ConfigError, OOMRiskWarning, PlanDriftWarning
+from tokenbucket.monitor.sinks import JsonlSink
+from tokenbucket.train.risk import check_risk_options
+
+__all__ = ["BucketMonitor", "CudaMemory", "MemoryReader", "RunStats", "format_summary", "is_oom", "read_replay",
+           "split_batch", "summarize_events"]
+
+OOM_POLICIES = ("raise", "skip", "split")
+
+
+class MemoryReader(Protocol):
+    """Peak device memory of a step: ``reset()`` when it starts, ``read()`` when it ends
+    (``(allocated, reserved)`` bytes, or ``None`` when there is nothing to measure)."""
+
+    def reset(self) -> None: ...
+
+    def read(self) -> tuple[int, int] | None: ...
+
+
+class CudaMemory:
+    """The CUDA caching allocator's peaks (``max_memory_allocated`` / ``max_memory_reserved``)."""
+
+    def __init__(self, device: int | str | torch.device | None = None) -> None:
+        self.device = device
+
+    def reset(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def read(self) -> tuple[int, int]:
+        return torch.cuda.max_memory_allocated(self.device), torch.cuda.max_memory_reserved(self.device)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """An out-of-memory error: ``torch.OutOfMemoryError`` or the ``RuntimeError`` older stacks raise."""
+    oom_type = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    if isinstance(exc, oom_type):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+# -- per-bucket aggregates ---------------------------------------------------------------------
+
+
+# NOTE [ Latency histogram ]
+# Latencies are counted in log-spaced bins 1 % wide (sparse: a bucket's steps fill a few bins),
+# so percentiles cost constant memory and state over a run of any length, within 0.5 %; the
+# maximum is kept exactly.
+_BIN = math.log(1.01)
+
+
+def _latency_bin(seconds: float) -> int:
+    return math.floor(math.log(max(seconds, 1e-9)) / _BIN)
+
+
+def _percentile(bins: Mapping[int, int], total: int, q: float) -> float:
+    rank = max(1, math.ceil(q / 100 * total))  # nearest rank
+    seen = 0
+    for b in sorted(bins):
+        seen += bins[b]
+        if seen >= rank:
+            return math.exp((b + 0.5) * _BIN)  # the bin's geometric middle
+    raise AssertionError("rank beyond the histogram's count")
+
+
+@dataclass
+class _Bucket:
+    steps: int = 0
+    latency_bins: dict[int, int] = field(default_factory=dict)
+    latency_max: float = 0.0
+    seconds: float = 0.0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    predicted_peak: int = 0
+    measured_peak: int | None = None
+    reserved_peak: int | None = None
+    max_risk: float = 0.0
+    max_ratio: float | None = None
+    risky: int = 0
+    ooms: int = 0
+
+
+class RunStats:
+    """Per-bucket aggregates of step, risk and oom events; the monitor's and the report's."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, _Bucket] = {}
+
+    def _bucket(self, k: int) -> _Bucket:
+        b = self.buckets.get(k)
+        if b is None:
+            b = self.buckets[k] = _Bucket()
+        return b
+
+    def add(self, event: Mapping[str, Any]) -> None:
+        kind = event["event"]
+        if kind == "step":
+            self.add_step(event["bucket"], event["latency_s"], event["real_tokens"], event["padded_tokens"],
+                          event["predicted_bytes"], event["measured_bytes"], event["reserved_bytes"], event["risk"])
+        elif kind == "oom":
+            self._bucket(event["bucket"]).ooms += 1
+        elif kind == "risk":
+            self._bucket(event["bucket"]).risky += 1
+
+    def add_step(self, bucket: int, latency: float, real_tokens: int, padded_tokens: int, predicted: int,
+                 measured: int | None, reserved: int | None, risk: float) -> None:
+        # plain comparisons, not max(): this runs every step (benchmarks/bench_monitor.py)
+        b = self.buckets.get(bucket) or self._bucket(bucket)
+        b.steps += 1
+        k = _latency_bin(latency)
+        b.latency_bins[k] = b.latency_bins.get(k, 0) + 1
+        if latency > b.latency_max:
+            b.latency_max = latency
+        b.seconds += latency
+        b.real_tokens += real_tokens
+        b.padded_tokens += padded_tokens
+        if predicted > b.predicted_peak:
+            b.predicted_peak = predicted
+        if risk > b.max_risk:
+            b.max_risk = risk
+        if measured is not None:
+            b.measured_peak = max(b.measured_peak or 0, measured)
+            b.reserved_peak = max(b.reserved_peak or 0, reserved or 0)
+            ratio = measured / predicted
+            b.max_ratio = ratio if b.max_ratio is None else max(b.max_ratio, ratio)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per bucket seen, by bucket (the keys :func:`format_summary` prints)."""
+        out = []
+        for k in sorted(self.buckets):
+            b = self.buckets[k]
+            out.append({
+                "bucket": k, "steps": b.steps,
+                "latency_p50_s": min(_percentile(b.latency_bins, b.steps, 50), b.latency_max) if b.steps else None,
+                "latency_p95_s": min(_percentile(b.latency_bins, b.steps, 95), b.latency_max) if b.steps else None,
+                "latency_max_s": b.latency_max if b.steps else None,
+                "tokens_per_s": b.real_tokens / b.seconds if b.seconds > 0 else None,
+                "padding_efficiency": b.real_tokens / b.padded_tokens if b.padded_tokens else None,
+                "predicted_peak_bytes": b.predicted_peak, "measured_peak_bytes": b.measured_peak,
+                "reserved_peak_bytes": b.reserved_peak, "max_risk": b.max_risk, "drift_ratio": b.max_ratio,
+                "risky_batches": b.risky, "ooms": b.ooms,
+            })
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        # JSON-ready: string keys throughout
+        return {str(k): {**vars(b), "latency_bins": {str(i): c for i, c in b.latency_bins.items()}}
+                for k, b in self.buckets.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.buckets = {int(k): _Bucket(**{**v, "latency_bins": {int(i): c for i, c in v["latency_bins"].items()}})
+                        for k, v in state.items()}
+
+
+def summarize_events(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The per-bucket table of a run log's events (what ``tokenbucket report`` prints)."""
+    stats = RunStats()
+    for event in events:
+        stats.add(event)
+    return stats.rows()
+
+
+def format_summary(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The per-bucket table as text."""
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1e3:.1f}"
+
+    # GiB for real GPUs, MiB for the small budgets of CPU runs and tests
+    unit, scale = ("GiB", 2**30) if max((r["predicted_peak_bytes"] for r in rows), default=0) >= 2**30 else ("MiB", 2**20)
+
+    def size(v: int | None) -> str:
+        return "-" if v is None else f"{v / scale:.2f}"
+
+    head = (f"{'bucket':>6} {'steps':>6} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'tokens/s':>10} {'pad eff':>7} "
+            f"{'pred ' + unit:>8} {'meas ' + unit:>8} {'max risk':>8} {'drift':>6} {'risky':>5} {'ooms':>4}")
+    lines = [head]
+    for r in rows:
+        tps = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
+        eff = "-" if r.get("padding_efficiency") is None else f"{r['padding_efficiency']:.3f}"
+        drift = "-" if r["drift_ratio"] is None else f"{r['drift_ratio']:.3f}"
+        lines.append(f"{r['bucket']:>6} {r['steps']:>6} {ms(r['latency_p50_s']):>8} {ms(r['latency_p95_s']):>8} "
+                     f"{ms(r['latency_max_s']):>8} {tps:>10} {eff:>7} {size(r['predicted_peak_bytes']):>8} "
+                     f"{size(r['measured_peak_bytes']):>8} {r['max_risk']:>8.3f} {drift:>6} "
+                     f"{r.get('risky_batches', 0):>5} {r['ooms']:>4}")
+    return "\n".join(lines)
+
+
+# -- splitting a batch -------------------------------------------------------------------------
+
+
+def split_batch(batch: Mapping[str, Any], parts: int, *, cost_model: Any = None) -> list[dict[str, Any]]:
+    """Cut a :class:`~tokenbucket.train.collate.BucketCollate` (or ``StreamCollate``) batch into ``parts`` batches of its real rows.
+
+    Empty rows are left out. Tensors whose first dimension is the batch's rows are sliced, and
+    those shaped ``[rows, length, ...]`` trimmed to the part's longest sample; ``layout`` and
+    ``keys`` are sliced; ``info`` becomes the part's :meth:`~tokenbucket.train.collate.BatchInfo.subset`
+    (re-predicted with ``cost_model`` when given).
+    """
+    info = batch["info"]
+    n = len(info.keys)
+    if n and len(info.lengths) != n:
+        raise ConfigError("this batch's info has no per-row lengths; give guard() a split_fn for your batch type")
+    rows, length = info.shape
+    size = max(1, -(-n // parts))
+    out = []
+    for start in range(0, n, size):
+        part_rows = list(range(start, min(n, start + size)))
+        longest = max(info.lengths[r] for r in part_rows)
+        peak = None if cost_model is None else int(cost_model.memory(len(part_rows), longest).total)
+        part: dict[str, Any] = {}
+        for key, value in batch.items():
+            if key == "info":
+                part[key] = info.subset(part_rows, length=longest, predicted_peak_bytes=peak)
+            elif key in ("layout", "keys"):  # one entry per real row (BucketCollate, StreamCollate)
+                part[key] = [value[r] for r in part_rows]
+            elif isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == rows:
+                t = value[start:start + len(part_rows)]
+                part[key] = t[:, :longest] if t.ndim >= 2 and value.shape[1] == length else t
+            else:
+                part[key] = value
+        out.append(part)
+    return out
+
+
+def read_replay(path: str | Path) -> list[dict[str, Any]]:
+    """The replay file's records (``keys``, ``indices``, ``bucket``, ``step``, ``reason``): the samples a
+    guard did not train, to run again (e.g. ``torch.utils.data.Subset(dataset, indices)``)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# -- the monitor -------------------------------------------------------------------------------
+
+
+def _on_cuda(batch: Any) -> bool:
+    if isinstance(batch, torch.Tensor):
+        return batch.is_cuda
+    if isinstance(batch, Mapping):
+        return any(isinstance(v, torch.Tensor) and v.is_cuda for v in batch.values())
+    return False
+
+
+class BucketMonitor:
+    """Records every training step per bucket and guards steps against OOMs.
+
+    Args:
+        plan: the :class:`~tokenbucket.plan.buckets.BucketPlan` the batches come from (budget, buckets).
+        sinks: where events go: paths (a :class:`~tokenbucket.monitor.sinks.JsonlSink` each), sinks, or any
+            callables taking the event dict. Default: ``["tokenbucket-run.jsonl"]``; ``[]`` for none.
+        risk_threshold: predicted peak / budget above which a batch is reported as risky.
+        drift_margin: measured / predicted may exceed 1 by this much before a drift warning.
+        memory: ``"auto"`` (CUDA peaks when CUDA is available), a :class:`MemoryReader`, or ``None``.
+        cost_model: re-predicts the parts of a split batch and suggests batch sizes after drift.
+        data: the :class:`~tokenbucket.train.collate.TokenBucketDataset`, for per-camera tokens in OOM events.
+        replay_path: where a guard writes the keys it did not train (default: the first JSONL
+            sink's path with ``.replay.jsonl``).
+        clock: the timer for CPU steps (a fake one in tests).
+
+    State keys: ``step``, ``stats``, ``drift_levels``, ``limits``.
+    """
+
+    STATE_KEYS = ("step", "stats", "drift_levels", "limits")
+
+    def __init__(
+        self,
+        plan: Any,
+        *,
+        sinks: Sequence[Any] | None = None,
+        risk_threshold: float = 1.0,
+        drift_margin: float = 0.1,
+        memory: Any = "auto",
+        cost_model: Any = None,
+        data: Any = None,
+        replay_path: str | Path | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        check_risk_options(risk_threshold, "warn")
+        if not drift_margin >= 0:
+            raise ConfigError(f"drift_margin should be a non-negative number, but got drift_margin={drift_margin!r}")
+        self.plan, self.cost_model, self.data = plan, cost_model, data
+        self.budget_bytes = int(plan.budget_bytes)
+        self.risk_threshold, self.drift_margin = float(risk_threshold), float(drift_margin)
+        if memory == "auto":
+            memory = CudaMemory() if torch.cuda.is_available() else None
+        self.memory: MemoryReader | None = memory
+        self.clock = clock
+        self._cuda = torch.cuda.is_available()  # without CUDA no batch needs the device check
+        self.sinks = [JsonlSink(s) if isinstance(s, (str, Path)) else s
+                      for s in (["tokenbucket-run.jsonl"] if sinks is None else sinks)]
+        for s in self.sinks:
+            if not callable(s):
+                raise ConfigError(f"a sink should be a path or a callable taking the event dict, but got {s!r}")
+        if replay_path is None:
+            jsonl = next((s for s in self.sinks if isinstance(s, JsonlSink)), None)
+            replay_path = jsonl.path.with_suffix(".replay.jsonl") if jsonl is not None else None
+        self.replay_path = None if replay_path is None else Path(replay_path)
+        self.stats = RunStats()
+        self.step_count = 0
+        self.drift_levels: dict[int, float] = {}
+        self.limits: dict[int, int] = {}  # batch sizes lowered after OOMs (adapt=True)
+        self._info: Any = None
+        self._start = 0.0
+        self._events: tuple[Any, Any] | None = None
+        self._emit({"event": "start", "time": time.time(), "budget_bytes": self.budget_bytes,
+                    "risk_threshold": self.risk_threshold, "drift_margin": self.drift_margin,
+                    "plan_mode": plan.mode,
+                    "buckets": [{"bucket": k, "bound": b.bound, "batch_size": b.batch_size,
+                                 "predicted_peak_bytes": b.predicted_peak_bytes} for k, b in enumerate(plan.buckets)]})
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        self.stats.add(event)
+        for sink in self.sinks:
+            sink(event)
+
+    def _batch_fields(self, info: Any) -> dict[str, Any]:
+        return {"bucket": info.bucket, "rows": info.shape[0], "length": info.shape[1], "keys": list(info.keys),
+                "tokens": dict(info.tokens), "cameras": info.cameras or self._cameras(info)}
+
+    def _cameras(self, info: Any) -> dict[str, int]:
+        if self.data is None or not info.indices:
+            return {}
+        return self.data.camera_tokens(info.indices) or {}
+
+    # -- hooks around a step -----------------------------------------------------------------------
+
+    def on_batch_start(self, info: Any, batch: Any = None) -> None:
+        """Call before the step with the batch's :class:`~tokenbucket.train.collate.BatchInfo` (and the batch,
+        so a batch on a GPU is timed with CUDA events)."""
+        if info.risk > self.risk_threshold:
+            self._emit({"event": "risk", "step": self.step_count, "time": time.time(), **self._batch_fields(info),
+                        "risk": info.risk, "threshold": self.risk_threshold})
+        self._info = info
+        if self.memory is not None:
+            self.memory.reset()
+        if self._cuda and batch is not None and _on_cuda(batch):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            self._events = (start, end)
+        else:
+            self._events = None
+            self._start = self.clock()
+
+    def on_batch_end(self) -> None:
+        """Call after the step (its backward and optimizer step included)."""
+        info, self._info = self._info, None
+        if info is None:
+            raise ConfigError("on_batch_end() without on_batch_start()")
+        if self._events is not None:
+            start, end = self._events
+            end.record()
+            end.synchronize()
+            latency = start.elapsed_time(end) / 1e3
+        else:
+            latency = self.clock() - self._start
+        reading = self.memory.read() if self.memory is not None else None
+        measured, reserved = reading if reading is not None else (None, None)
+        step = self.step_count
+        self.step_count += 1
+        tokens_per_s = info.real_tokens / latency if latency > 0 else 0.0
+        self.stats.add_step(info.bucket, latency, info.real_tokens, info.padded_tokens, info.predicted_peak_bytes,
+                            measured, reserved, info.risk)
+        if self.sinks:
+            event = {
+                "event": "step", "step": step, "time": time.time(), "bucket": info.bucket, "rows": info.shape[0],
+                "length": info.shape[1], "real_tokens": info.real_tokens, "padded_tokens": info.padded_tokens,
+                "latency_s": latency, "tokens_per_s": tokens_per_s, "predicted_bytes": info.predicted_peak_bytes,
+                "measured_bytes": measured, "reserved_bytes": reserved, "risk": info.risk,
+            }
+            for sink in self.sinks:
+                sink(event)
+        if measured is not None:
+            self._check_drift(info.bucket, measured / info.predicted_peak_bytes, step)
+
+    def step(self, info: Any, batch: Any = None) -> _StepScope:
+        """``with monitor.step(batch["info"], batch): ...`` — times and records the step; an OOM
+        inside is recorded (policy ``raise``) and re-raised."""
+        return _StepScope(self, info, batch)
+
+    # -- drift -------------------------------------------------------------------------------------
+
+    def _check_drift(self, bucket: int, ratio: float, step: int) -> None:
+        level = self.drift_levels.get(bucket, 1.0 + self.drift_margin)
+        if ratio <= level:
+            return
+        # re-armed one margin higher: creeping memory warns again, a steady offset warns once
+        self.drift_levels[bucket] = ratio + self.drift_margin
+        factor = math.ceil(ratio * 100) / 100
+        self._emit({"event": "drift", "step": step, "time": time.time(), "bucket": bucket, "ratio": ratio,
+                    "margin": self.drift_margin, "suggested_factor": factor})
+        warnings.warn(f"bucket {bucket}: measured peak is {ratio:.3f}x the predicted one (margin "
+                      f"{self.drift_margin:g}); the plan may no longer hold. {self._advice(factor)}",
+                      PlanDriftWarning, stacklevel=4)
+
+    def _advice(self, factor: float) -> str:
+        return (f"Recalibrate: replan with budget_bytes={int(self.budget_bytes / factor):,} "
+                f"(the budget / {factor:.2f}), or profile the model (tokenbucket profile).")
+
+    def recalibration(self) -> dict[str, Any] | None:
+        """The measured factor to put into the plan (the largest measured / predicted over buckets) and,
+        with a cost model and a static plan, each bucket's batch size under ``budget / factor``."""
+        ratios = [b.max_ratio for b in self.stats.buckets.values() if b.max_ratio is not None]
+        if not ratios:
+            return None
+        factor = math.ceil(max(ratios) * 100) / 100
+        out: dict[str, Any] = {"factor": factor, "budget_bytes": int(self.budget_bytes / factor),
+                               "advice": self._advice(factor)}
+        if self.cost_model is not None and self.plan.mode == "static":
+            out["batch_sizes"] = {k: {"planned": b.batch_size,
+                                      "suggested": self.cost_model.max_batch(b.bound, int(self.budget_bytes / factor))}
+                                  for k, b in enumerate(self.plan.buckets)}
+        return out
+
+    # -- the OOM guard -----------------------------------------------------------------------------
+
+    def guard(self, step_fn: Callable[[Any], Any], *, policy: str = "raise", adapt: bool = False,
+              split_fn: Callable[[Any, int], list[Any]] | None = None) -> Callable[[Any], Any]:
+        """``step_fn`` wrapped: timed under :meth:`step` and safe against out-of-memory errors.
+
+        On an OOM the guard frees what it can (``gc``, the CUDA cache), records an ``oom`` event
+        with the batch's bucket, shape, keys and breakdown, then by ``policy``:
+
+        * ``"raise"``: re-raises (after recording);
+        * ``"skip"``: writes the keys and indices to the replay file and goes on (returns ``None``);
+        * ``"split"``: runs the batch as two halves, recursively; a single sample that still does not
+          fit goes to the replay file. Returns the list of the parts' results.
+
+        With ``adapt=True`` the bucket's batch size is halved for the rest of the run (the guard
+        runs its later batches in parts of that size; an ``adapt`` event and a warning say so).
+
+        Under ``torch.distributed`` a split or skip changes how often ``step_fn`` runs on that
+        rank; a step that all-reduces inside would then wait on the others. Use ``raise`` there,
+        or all-reduce outside ``step_fn``.
+        """
+        if policy not in OOM_POLICIES:
+            raise ConfigError(f"policy should be one of {OOM_POLICIES}, but got policy={policy!r}")
+        if policy != "raise" and self.replay_path is None:
+            raise ConfigError(f"policy={policy!r} writes skipped keys to a replay file: give the monitor "
+                              f"replay_path= or a JSONL sink")
+        split = split_fn or (lambda batch, parts: split_batch(batch, parts, cost_model=self.cost_model))
+
+        def run(batch: Any, info: Any) -> Any:
+            n = len(info.keys)
+            limit = self.limits.get(info.bucket)
+            if limit is not None and n > limit:
+                return _Parts(r for part in split(batch, -(-n // limit)) for r in _flat(run(part, part["info"])))
+            try:
+                return step_fn(batch)
+            except BaseException as exc:
+                if not is_oom(exc):
+                    raise
+                self._record_oom(info, exc, policy if n > 1 or policy == "raise" else "skip")
+                if policy == "raise":
+                    raise
+            # out of the except block: the error's frames (and the tensors they hold) are released
+            _free_memory()
+            if adapt and n > 1:
+                self._lower(info.bucket, n)
+            if policy == "skip" or n <= 1:
+                return None
+            return _Parts(r for part in split(batch, 2) for r in _flat(run(part, part["info"])))
+
+        def guarded(batch: Any) -> Any:
+            info = batch["info"]
+            if self._info is not None:  # already inside monitor.step()
+                result = run(batch, info)
+            else:
+                with self.step(info, batch):
+                    result = run(batch, info)
+            return list(result) if isinstance(result, _Parts) else result
+
+        return guarded
+
+    def _record_oom(self, info: Any, exc: BaseException, policy: str) -> None:
+        # mark the error, not keep it: a reference would keep its traceback's frames (the failed
+        # step's tensors) alive through the retry
+        with contextlib.suppress(AttributeError):
+            setattr(exc, _RECORDED, True)
+        event = {"event": "oom", "step": self.step_count, "time": time.time(), **self._batch_fields(info),
+                 "policy": policy, "message": str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__}
+        if policy == "skip":
+            assert self.replay_path is not None
+            self.replay_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.replay_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"keys": list(info.keys), "indices": list(info.indices), "bucket": info.bucket,
+                                    "step": self.step_count, "reason": "oom"}) + "\n")
+            event["replay"] = str(self.replay_path)
+        self._emit(event)
+
+    def _lower(self, bucket: int, rows: int) -> None:
+        old = self.limits.get(bucket, self.plan.buckets[bucket].batch_size)
+        new = max(1, min(old, rows) // 2)
+        if new >= old:
+            return
+        self.limits[bucket] = new
+        self._emit({"event": "adapt", "step": self.step_count, "time": time.time(), "bucket": bucket,
+                    "old_batch_size": old, "new_batch_size": new})
+        warnings.warn(f"bucket {bucket}: out of memory at {rows} samples; its batches run in parts of {new} for the "
+                      f"rest of the run (planned {self.plan.buckets[bucket].batch_size})", OOMRiskWarning, stacklevel=4)
+
+    # -- results and state -----------------------------------------------------------------------
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per bucket: steps, latency p50/p95/max, tokens/s, padding efficiency, predicted and measured
+        peak, max risk, drift ratio, risky batches and OOMs (see :func:`format_summary`)."""
+        return self.stats.rows()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step_count, "stats": self.stats.state_dict(),
+                "drift_levels": {str(k): v for k, v in self.drift_levels.items()},
+                "limits": {str(k): v for k, v in self.limits.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        state = dict(state)
+        self.step_count = int(state.pop("step"))
+        self.stats.load_state_dict(state.pop("stats"))
+        self.drift_levels = {int(k): float(v) for k, v in state.pop("drift_levels").items()}
+        self.limits = {int(k): int(v) for k, v in state.pop("limits").items()}
+        if state:
+            raise ConfigError(f"unexpected keys in the monitor state: {sorted(state)}")
+        self._emit({"event": "resume", "step": self.step_count, "time": time.time()})
+
+    def flush(self) -> None:
+        for sink in self.sinks:
+            if hasattr(sink, "flush"):
+                sink.flush()
+
+    def close(self) -> None:
+        """Writes the ``summary`` event and flushes and closes the sinks."""
+        self._emit({"event": "summary", "time": time.time(), "buckets": self.summary()})
+        for sink in self.sinks:
+            if hasattr(sink, "close"):
+                sink.close()
+
+    def __enter__(self) -> BucketMonitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _StepScope:
+    """What :meth:`BucketMonitor.step` returns (a class, not ``@contextmanager``: it runs every step)."""
+
+    __slots__ = ("batch", "info", "monitor")
+
+    def __init__(self, monitor: BucketMonitor, info: Any, batch: Any) -> None:
+        self.monitor, self.info, self.batch = monitor, info, batch
+
+    def __enter__(self) -> None:
+        self.monitor.on_batch_start(self.info, self.batch)
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        monitor = self.monitor
+        if exc is None:
+            monitor.on_batch_end()
+            return
+        monitor._info = None
+        if is_oom(exc) and not getattr(exc, _RECORDED, False):
+            monitor._record_oom(self.info, exc, "raise")
+
+
+_RECORDED = "_tokenbucket_oom_recorded"
+
+
+class _Parts(list[Any]):
+    """The results of a batch run in parts (told apart from a step function that returns a list)."""
+
+
+def _flat(result: Any) -> list[Any]:
+    return list(result) if isinstance(result, _Parts) else [result]
+
+
+def _free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        torch.cuda.empty_cache()

@@ -1,0 +1,250 @@
+"""Packing: whole samples laid end to end in rows of ``pack_length`` tokens, each sample attending
+only to itself (block-diagonal / varlen attention).
+
+NOTE [ Packed rows ]
+* :func:`~tokenbucket.plan.packing.pack_rows` (the plan stage) packs samples into rows; the
+  packed plan (``plan_buckets(mode="packed")``) fixes the row shape.
+* :class:`PackedCollate` takes a batch's samples in row order (rows concatenated, as
+  ``pack_rows`` gives them) and refills rows next-fit. On a sequence whose rows are
+  contiguous, next-fit never opens more rows than the packing it came from (each of its rows
+  ends at or after the original row's end), so the batch's ``rows_per_batch`` always suffice.
+* The packed batch says where each sample is: ``segment_ids`` (1, 2, ... per sample in a row,
+  0 on padding), ``position_ids`` restarting at 0 for each sample, and ``cu_seqlens`` /
+  ``max_seqlen`` over the real tokens in row order — what flash-attn's varlen kernels take.
+* Masks: :func:`block_diagonal_mask` for ``scaled_dot_product_attention`` (True = attend), and
+  :func:`flex_block_mask` for ``flex_attention`` where the installed torch has it. A padding
+  token attends to itself only, so no attention row is empty (an all-masked row gives NaN).
+
+With flash-attn on a GPU::
+
+    real = batch["segment_ids"] > 0
+    q, k, v = (t[real] for t in (q, k, v))          # [total_tokens, heads, head_dim]
+    out = flash_attn_varlen_func(q, k, v, batch["cu_seqlens"], batch["cu_seqlens"],
+                                 batch["max_seqlen"], batch["max_seqlen"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.plan.packing import pack_rows
+from tokenbucket.train.batch import EmptyRow, token_layout
+from tokenbucket.train.sampler import _dist_defaults, empty_row, resume_position
+
+__all__ = ["PackedBatchSampler", "PackedCollate", "block_diagonal_mask", "flex_block_mask"]
+
+
+def block_diagonal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """``[R, 1, P, P]`` bool, True where token q may attend to token k: the same sample (or, for a
+    padding token, itself). For ``scaled_dot_product_attention(..., attn_mask=mask)``.
+
+    The mask is dense: ``R x P²`` bytes (and a masked SDPA computes every score), which the
+    plan's flash / varlen cost does not include; at long rows use ``cu_seqlens`` with a varlen
+    kernel or :func:`flex_block_mask` instead.
+
+    Example:
+        >>> block_diagonal_mask(torch.tensor([[1, 1, 2, 0]]))[0, 0].int().tolist()
+        [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    """
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    real = (segment_ids > 0)[:, :, None]
+    eye = torch.eye(segment_ids.shape[1], dtype=torch.bool, device=segment_ids.device)
+    return ((same & real) | eye)[:, None]
+
+
+def flex_block_mask(segment_ids: torch.Tensor) -> Any:
+    """A ``flex_attention`` block mask for the packed rows (needs ``torch.nn.attention.flex_attention``)."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask
+    except ImportError as exc:  # pragma: no cover - torch >= 2.5 has it
+        raise ConfigError("flex_block_mask needs torch.nn.attention.flex_attention (torch >= 2.5)") from exc
+    seg = segment_ids
+
+    def same_sample(b: Any, h: Any, q: Any, kv: Any) -> Any:
+        return ((seg[b, q] == seg[b, kv]) & (seg[b, q] > 0)) | (q == kv)
+
+    rows, length = seg.shape
+    return create_block_mask(same_sample, rows, None, length, length, device=str(seg.device))
+
+
+class PackedCollate:
+    """Packs a batch of ``(index, item)`` into ``rows_per_batch`` rows of ``pack_length`` tokens.
+
+    Items are as for :class:`~tokenbucket.train.collate.BucketCollate` (a ``tokens_key`` tensor
+    ``[L_i, ...]`` whose length is the sample's token count). Returns ``tokens`` ``[R, P, ...]``,
+    ``segment_ids`` and ``position_ids`` ``[R, P]``, ``attention_mask`` ``[R, P]`` (True on real
+    tokens), ``cu_seqlens`` (int32) and ``max_seqlen`` over the real tokens in row order,
+    ``index`` (per row, the dataset indices in it), ``info`` (a ``BatchInfo`` whose shape is
+    ``(R, P)``, predicted with ``cost_model`` when given) and, with ``with_layout``, ``layout``:
+    per row the :class:`~tokenbucket.train.collate.Segment` s of its samples (camera / frame / modality
+    slices) at their places in the row.
+
+    Args:
+        data: the :class:`~tokenbucket.train.collate.TokenBucketDataset` (lengths, keys, plan budget).
+        pack_length: tokens per row.
+        rows_per_batch: rows per batch (the batch's fixed shape); ``None``: as many as needed.
+    """
+
+    def __init__(self, data: Any, pack_length: int, rows_per_batch: int | None = None, *, tokens_key: str = "tokens",
+                 pad_value: float = 0, cost_model: Any = None, with_layout: bool = False) -> None:
+        self.data, self.pack_length, self.rows_per_batch = data, int(pack_length), rows_per_batch
+        self.tokens_key, self.pad_value, self.cost_model = tokens_key, pad_value, cost_model
+        self.with_layout = with_layout
+
+    def __call__(self, batch: Sequence[tuple[int, Any]]) -> dict[str, Any]:
+        P = self.pack_length
+        samples = [(i, self.data.tokens_of(i, item, self.tokens_key)) for i, item in batch
+                   if not isinstance(item, EmptyRow)]
+        rows: list[list[tuple[int, torch.Tensor]]] = []
+        used = 0  # next-fit (NOTE [ Packed rows ])
+        for i, t in samples:
+            n = int(t.shape[0])
+            if n > P:
+                raise ConfigError(f"sample {i} has {n:,} tokens, more than pack_length={P:,}")
+            if not rows or used + n > P:  # (a first sample of 0 tokens still needs a row)
+                rows.append([])
+                used = 0
+            rows[-1].append((i, t))
+            used += n
+        R = self.rows_per_batch if self.rows_per_batch is not None else max(1, len(rows))
+        if len(rows) > R:
+            raise ConfigError(f"the batch needs {len(rows)} rows of {P:,} tokens but holds {R}: the sampler's packing "
+                              f"and the collate's pack_length / rows_per_batch disagree")
+        template = samples[0][1] if samples else self.data.token_template(self.tokens_key)
+        tokens = torch.full((R, P, *template.shape[1:]), self.pad_value, dtype=template.dtype)
+        segment = torch.zeros(R, P, dtype=torch.int32)
+        position = torch.zeros(R, P, dtype=torch.long)
+        seqlens: list[int] = []
+        index: list[list[int]] = []
+        for r, row in enumerate(rows):
+            pos = 0
+            index.append([i for i, _ in row])
+            for s, (_, t) in enumerate(row, start=1):
+                n = int(t.shape[0])
+                tokens[r, pos:pos + n] = t
+                segment[r, pos:pos + n] = s
+                position[r, pos:pos + n] = torch.arange(n)
+                seqlens.append(n)
+                pos += n
+        index += [[] for _ in range(R - len(rows))]
+        cu = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
+        if seqlens:
+            cu[1:] = torch.cumsum(torch.tensor(seqlens, dtype=torch.int32), 0)
+        peak = int(self.cost_model.memory(R, P).total) if self.cost_model is not None else 0
+        info = self.data.batch_info([i for i, _ in samples], bucket=0, shape=(R, P), predicted_peak_bytes=peak)
+        out = {"tokens": tokens, "segment_ids": segment, "position_ids": position, "attention_mask": segment > 0,
+               "cu_seqlens": cu, "max_seqlen": max(seqlens, default=0), "index": index, "info": info}
+        if self.with_layout:
+            out["layout"] = self._layout(index)
+        return out
+
+    def _layout(self, index: list[list[int]]) -> list[list[Any]]:
+        """Per row, each sample's :class:`~tokenbucket.train.collate.Segment` s (camera / frame / modality),
+        shifted to where the sample starts in its row."""
+        rows = []
+        for row in index:
+            start, segments = 0, []
+            for i in row:
+                bd = self.data.breakdown(i)
+                segments += [dataclasses.replace(g, start=g.start + start, stop=g.stop + start)
+                             for g in token_layout(bd, self.data.spec)]
+                start += bd.total
+            rows.append(segments)
+        return rows
+
+
+# -- the sampler ---------------------------------------------------------------------------------
+
+
+class PackedBatchSampler(Sampler[list[int]]):
+    """One rank's packed batches for ``DataLoader(batch_sampler=...)``, with
+    :class:`PackedCollate`: each batch is its rows' indices, rows concatenated.
+
+    Each epoch :func:`pack_rows` packs the samples (by ``(seed, epoch)``), ``rows_per_batch``
+    rows make a batch, and rank ``r`` takes batches ``r, r + world_size, ...``; the last
+    batches are filled up to a multiple of ``world_size`` with an empty batch (one empty row,
+    see :func:`~tokenbucket.train.sampler.empty_row`), so every rank takes the same number of steps and
+    every sample is in exactly one batch.
+
+    State keys: ``epoch``, ``step``, ``plan_id``, ``world_size``, ``seed``, ``mode``.
+    """
+
+    STATE_KEYS = ("epoch", "step", "plan_id", "world_size", "seed", "mode")
+
+    def __init__(self, lengths: Sequence[int] | np.ndarray, pack_length: int, rows_per_batch: int, *, plan_id: str,
+                 seed: int = 0, shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
+                 pool: int = 4096, valid: Sequence[bool] | np.ndarray | None = None) -> None:
+        self.rank, self.world_size = _dist_defaults(rank, world_size)
+        if rows_per_batch < 1:
+            raise ConfigError(f"rows_per_batch should be a positive integer, but got rows_per_batch={rows_per_batch}")
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        keep = self.lengths <= pack_length if valid is None else np.asarray(valid, dtype=bool)
+        self.members = np.flatnonzero(keep)
+        self.pack_length, self.rows_per_batch = int(pack_length), int(rows_per_batch)
+        self.plan_id, self.seed, self.shuffle, self.pool = plan_id, int(seed), shuffle, pool
+        self.mode = "packed"
+        self.epoch = self.step = self._resume = 0
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    @classmethod
+    def from_dataset(cls, data: Any, **kwargs: Any) -> PackedBatchSampler:
+        """For a :class:`~tokenbucket.train.collate.TokenBucketDataset` with a packed plan."""
+        b = data.plan.buckets[0]
+        kwargs.setdefault("seed", data.plan.meta.get("pack_seed", 0))
+        kwargs.setdefault("pool", data.plan.meta.get("pack_pool", 4096))
+        return cls(data.lengths, b.bound, b.batch_size, plan_id=data.plan_id, valid=data.buckets >= 0, **kwargs)
+
+    @classmethod
+    def from_manifest(cls, manifest: Any, **kwargs: Any) -> PackedBatchSampler:
+        """A sampler over a packed :class:`~tokenbucket.plan.manifest.Manifest` (rows in dataset order)."""
+        plan = manifest.plan
+        if plan.mode != "packed":
+            raise ConfigError(f"this manifest's plan is {plan.mode!r}, not 'packed': use BucketBatchSampler.from_manifest")
+        b = plan.buckets[0]
+        kwargs.setdefault("seed", plan.meta.get("pack_seed", 0))
+        kwargs.setdefault("pool", plan.meta.get("pack_pool", 4096))
+        lengths = manifest.table.column("total").fill_null(0).to_numpy()
+        valid = manifest.table.column("bucket").to_numpy() >= 0
+        return cls(lengths, b.bound, b.batch_size, plan_id=manifest.content_hash, valid=valid, **kwargs)
+
+    def _batches(self) -> list[list[int]]:
+        if self._cache is None or self._cache[0] != self.epoch:
+            rows = pack_rows(self.lengths[self.members], self.pack_length, seed=self.seed, epoch=self.epoch,
+                             pool=self.pool, shuffle=self.shuffle)
+            members = self.members.tolist()
+            r = self.rows_per_batch
+            batches = [[members[i] for row in rows[s:s + r] for i in row] for s in range(0, len(rows), r)]
+            batches += [[empty_row(len(self.lengths), 0)]] * (-len(batches) % self.world_size)
+            self._cache = (self.epoch, batches)
+        return self._cache[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.step = self._resume = 0
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self._batches()) // self.world_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._batches()
+        start, self._resume = self._resume, 0
+        for s in range(start, len(batches) // self.world_size):
+            self.step = s + 1
+            yield batches[s * self.world_size + self.rank]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "step": self.step, "plan_id": self.plan_id, "world_size": self.world_size,
+                "seed": self.seed, "mode": self.mode}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = {key: getattr(self, key) for key in ("plan_id", "world_size", "seed", "mode")}
+        self.epoch, step = resume_position(state, mine, "packed sampler")
+        self.step = self._resume = step

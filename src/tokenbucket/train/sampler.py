@@ -1,0 +1,333 @@
+"""``BucketBatchSampler``: batches of dataset indices, one bucket per batch, for
+``DataLoader(batch_sampler=...)`` — deterministic, DDP-correct and exactly resumable.
+
+Each epoch is a pure function of ``(seed, epoch, plan id, world_size)``; a rank takes its slice:
+
+1. every bucket's samples are shuffled (``numpy`` generator seeded with ``seed``, ``epoch`` and
+   the plan id) and cut into batches — static mode: ``batch_size`` of the bucket; dynamic mode:
+   filled to the budget (shuffled pools sorted by length, as the planner predicted);
+2. batches are grouped into *steps* of ``world_size`` batches; with ``sync_buckets`` a step's
+   batches all come from one bucket, so no rank waits on a bigger shape;
+3. steps are shuffled, and rank ``r`` takes batch ``r`` of every step.
+
+NOTE [ Nothing lost, equal steps ]
+A bucket whose last step has fewer batches than ranks gives the missing ranks a batch with one
+*empty row* (index ``num_samples + bucket``, see :func:`empty_row`): every rank takes the same
+number of steps, every sample appears exactly once per epoch across ranks, and the collate pads
+the empty row like any other (static mode keeps the bucket's shape). With ``drop_last=True``
+those incomplete last steps are dropped instead and their samples counted in ``dropped``.
+
+State (``state_dict``, torchdata's ``StatefulDataLoader`` protocol): ``epoch``, ``step``
+(batches this rank has yielded this epoch), and ``plan_id``, ``world_size``, ``seed``,
+``mode``, ``drop_last``, ``sync_buckets`` to refuse a resume that would not continue exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.plan._search import OversizeSampleError, dynamic_batches
+
+__all__ = ["BucketBatchSampler", "Epoch", "empty_row", "epoch_steps", "members_by_bucket"]
+
+
+def empty_row(num_samples: int, bucket: int) -> int:
+    """The index that stands for one empty row of ``bucket`` (NOTE [ Nothing lost, equal steps ])."""
+    return num_samples + bucket
+
+
+def _rng(seed: int, epoch: int, plan_id: str) -> np.random.Generator:
+    # the plan id enters the seed, so two plans never share an order by accident
+    return np.random.default_rng([seed, epoch, int(plan_id[:15], 16)])
+
+
+def members_by_bucket(buckets: np.ndarray, num_buckets: int) -> list[np.ndarray]:
+    """Each bucket's sample indices in index order (int32 where they fit: half the memory)."""
+    dtype = np.int32 if len(buckets) < 2**31 else np.int64
+    return [np.flatnonzero(buckets == k).astype(dtype) for k in range(num_buckets)]
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """One epoch for all ranks, compact: batch ``b`` is ``perm[starts[b]:starts[b + 1]]``, and
+    ``steps[s, r]`` is rank r's batch at step s (``-1 - k``: one empty row of bucket ``k``)."""
+
+    perm: np.ndarray
+    starts: np.ndarray
+    batch_bucket: np.ndarray
+    steps: np.ndarray
+    dropped: int
+    num_samples: int
+
+    def batch(self, step: int, rank: int) -> list[int]:
+        b = int(self.steps[step, rank])
+        if b < 0:
+            return [empty_row(self.num_samples, -1 - b)]
+        return self.perm[self.starts[b]:self.starts[b + 1]].tolist()  # type: ignore[no-any-return]
+
+    def __len__(self) -> int:
+        return int(self.steps.shape[0])
+
+
+def epoch_steps(
+    buckets: np.ndarray,
+    batch_sizes: Sequence[int],
+    *,
+    seed: int,
+    epoch: int,
+    plan_id: str,
+    world_size: int,
+    sync_buckets: bool = True,
+    drop_last: bool = False,
+    shuffle: bool = True,
+    dynamic: Any = None,
+    order: list[np.ndarray] | None = None,
+) -> Epoch:
+    """All ranks' batches of one epoch (see the module docstring).
+
+    Args:
+        buckets: bucket index of every sample (``-1``: not in the epoch).
+        batch_sizes: static batch size per bucket.
+        dynamic: ``(lengths, cost_model, budget_bytes, pool_batches)`` for dynamic batching.
+        order: :func:`members_by_bucket` of ``buckets``, when the caller keeps it between epochs.
+    """
+    n = len(buckets)
+    rng = _rng(seed, epoch, plan_id)
+    if order is None:
+        order = members_by_bucket(buckets, len(batch_sizes))
+    perms, starts, batch_bucket, groups = [], [], [], []
+    first_batch = 0
+    base = 0
+    for k, members in enumerate(order):
+        count = len(members)
+        if shuffle:
+            members = members[rng.permutation(count)]
+        if dynamic is not None:
+            lengths, cost, budget, pool_batches = dynamic
+            try:
+                cut = dynamic_batches(lengths[members], cost, budget, pool_batches=pool_batches, rng=rng)
+            except OversizeSampleError as exc:
+                raise ConfigError(
+                    f"sample {int(members[exc.position])} ({exc.length:,} tokens) fits not even alone under the "
+                    f"sampler's cost model and budget ({budget / 2**30:.2f} GiB): the plan was made with another "
+                    f"model or budget; plan again with this one"
+                ) from None
+            members = members[np.concatenate(cut)] if cut else members
+            sizes = np.array([len(c) for c in cut], dtype=np.int64)
+            local = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
+        else:
+            local = np.arange(0, count, int(batch_sizes[k]), dtype=np.int64)
+        perms.append(members)
+        starts.append(base + local)
+        batch_bucket.append(np.full(len(local), k, dtype=np.int64))
+        groups.append(np.arange(first_batch, first_batch + len(local), dtype=np.int64))
+        first_batch += len(local)
+        base += count
+    perm = np.concatenate(perms) if perms else np.zeros(0, np.int64)
+    starts_all = np.concatenate([*starts, [base]]).astype(np.int64)
+    bucket_of = np.concatenate(batch_bucket) if batch_bucket else np.zeros(0, np.int64)
+
+    def batch_len(ids: np.ndarray) -> int:
+        return int((starts_all[ids + 1] - starts_all[ids]).sum())
+
+    dropped = 0
+    w = world_size
+    if sync_buckets:
+        rows = []
+        for k, ids in enumerate(groups):
+            tail = len(ids) % w
+            if tail and drop_last:
+                dropped += batch_len(ids[-tail:])
+                ids = ids[:-tail]
+            elif tail:
+                ids = np.concatenate([ids, np.full(w - tail, -1 - k, dtype=np.int64)])
+            rows.append(ids.reshape(-1, w))
+        steps = np.concatenate(rows) if rows else np.zeros((0, w), np.int64)
+        if shuffle:
+            steps = steps[rng.permutation(len(steps))]
+    else:
+        ids = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+        if shuffle:
+            ids = ids[rng.permutation(len(ids))]
+        tail = len(ids) % w
+        if tail and drop_last:
+            dropped = batch_len(ids[-tail:])
+            ids = ids[:-tail]
+        elif tail:
+            k_last = int(bucket_of[ids[-1]])
+            ids = np.concatenate([ids, np.full(w - tail, -1 - k_last, dtype=np.int64)])
+        steps = ids.reshape(-1, w)
+    return Epoch(perm, starts_all, bucket_of, steps, dropped, n)
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Yields one rank's batches (lists of dataset indices) for ``DataLoader(batch_sampler=...)``.
+
+    Args:
+        buckets: bucket index per sample (``-1``: left out, e.g. rejected), as in a manifest.
+        batch_sizes: the plan's batch size per bucket (static mode).
+        plan_id: identifies the plan/manifest (its content hash); part of the seed and of the state.
+        shuffle, seed, drop_last: as in ``torch.utils.data.DistributedSampler``.
+        rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
+        sync_buckets: every rank draws from the same bucket at the same step.
+        dynamic: ``(lengths, cost_model, budget_bytes, pool_batches)`` for dynamic batches.
+
+    State keys: ``epoch``, ``step``, ``plan_id``, ``world_size``, ``seed``, ``drop_last``,
+    ``sync_buckets``, ``mode``.
+
+    Example:
+        >>> s = BucketBatchSampler([0, 0, 1, 1, 1], [2, 2], plan_id="ab" * 8, shuffle=False)
+        >>> list(s)
+        [[0, 1], [2, 3], [4]]
+    """
+
+    STATE_KEYS = ("epoch", "step", "plan_id", "world_size", "seed", "drop_last", "sync_buckets", "mode")
+
+    def __init__(
+        self,
+        buckets: Sequence[int] | np.ndarray,
+        batch_sizes: Sequence[int],
+        *,
+        plan_id: str,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        sync_buckets: bool = True,
+        dynamic: Any = None,
+    ) -> None:
+        rank, world_size = _dist_defaults(rank, world_size)
+        if not isinstance(plan_id, str) or len(plan_id) < 15 or any(c not in "0123456789abcdef" for c in plan_id):
+            raise ConfigError(f"plan_id should be a hex digest (the manifest's content hash), but got {plan_id!r}")
+        self.buckets = np.asarray(buckets, dtype=np.int64)
+        self.batch_sizes = [int(b) for b in batch_sizes]
+        if self.buckets.size and self.buckets.max() >= len(self.batch_sizes):
+            raise ConfigError(
+                f"bucket {int(self.buckets.max())} has no batch size; the plan has {len(self.batch_sizes)} buckets"
+            )
+        for k, b in enumerate(self.batch_sizes):
+            if b < 1:
+                raise ConfigError(f"batch_size should be a positive integer, but got batch_sizes[{k}]={b}")
+        self.plan_id, self.shuffle, self.seed, self.drop_last = plan_id, shuffle, int(seed), drop_last
+        self.rank, self.world_size, self.sync_buckets = rank, world_size, sync_buckets
+        self.dynamic = dynamic
+        self.mode = "dynamic" if dynamic is not None else "static"
+        self.epoch = 0
+        self.step = 0  # batches yielded this epoch (this rank)
+        self._resume_step = 0
+        self._cache: Epoch | None = None
+        self._cache_epoch = -1
+        self._order: list[np.ndarray] | None = None
+        self.dropped = 0
+
+    @classmethod
+    def from_manifest(cls, manifest: Any, *, cost_model: Any = None, pool_batches: int = 32,
+                      **kwargs: Any) -> BucketBatchSampler:
+        """A sampler over a :class:`~tokenbucket.plan.manifest.Manifest` (rows in dataset order).
+
+        A dynamic-mode manifest needs the ``cost_model`` it was planned with, to fill batches.
+        """
+        plan = manifest.plan
+        if plan.mode == "packed":
+            raise ConfigError("a packed manifest is read by tokenbucket.train.packing.PackedBatchSampler.from_manifest")
+        buckets = manifest.table.column("bucket").to_numpy()
+        if plan.mode == "dynamic":
+            if cost_model is None:
+                raise ConfigError("a dynamic-mode manifest needs cost_model= to fill its batches to the budget")
+            totals = manifest.table.column("total").fill_null(0).to_numpy()
+            kwargs["dynamic"] = (totals, cost_model, plan.budget_bytes, pool_batches)
+        return cls(buckets, plan.batch_sizes.tolist(), plan_id=manifest.content_hash, **kwargs)
+
+    # -- the epoch ---------------------------------------------------------------------------
+
+    def _epoch(self) -> Epoch:
+        if self._cache is None or self._cache_epoch != self.epoch:
+            if self._order is None:  # the same every epoch: group once
+                self._order = members_by_bucket(self.buckets, len(self.batch_sizes))
+            self._cache = epoch_steps(
+                self.buckets, self.batch_sizes, seed=self.seed, epoch=self.epoch, plan_id=self.plan_id,
+                world_size=self.world_size, sync_buckets=self.sync_buckets, drop_last=self.drop_last,
+                shuffle=self.shuffle, dynamic=self.dynamic, order=self._order,
+            )
+            self._cache_epoch = self.epoch
+        self.dropped = self._cache.dropped
+        return self._cache
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` (call it before each epoch, as with ``DistributedSampler``)."""
+        if epoch != self.epoch:
+            self.step = 0
+            self._resume_step = 0
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current epoch (the same on every rank)."""
+        return len(self._epoch())
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch = self._epoch()
+        start = self._resume_step
+        self._resume_step = 0
+        self.step = start
+        for s in range(start, len(epoch)):
+            self.step = s + 1
+            yield epoch.batch(s, self.rank)
+
+    # -- state -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "step": self.step, "plan_id": self.plan_id, "world_size": self.world_size,
+                "seed": self.seed, "drop_last": self.drop_last, "sync_buckets": self.sync_buckets, "mode": self.mode}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, step = resume_position(state, {
+            "plan_id": self.plan_id, "world_size": self.world_size, "seed": self.seed, "drop_last": self.drop_last,
+            "sync_buckets": self.sync_buckets, "mode": self.mode}, "sampler")
+        self.step = self._resume_step = step
+
+
+def resume_position(state: Mapping[str, Any], mine: Mapping[str, Any], what: str) -> tuple[int, int]:
+    """A saved sampler state's ``(epoch, step)``, once its identity (``mine``: plan id, world
+    size, seed, ...) is this sampler's; else a ConfigError saying why the position means nothing here."""
+    state = dict(state)
+    for key, value in mine.items():
+        theirs = state.pop(key)
+        if theirs != value:
+            why = {
+                "plan_id": "the manifest changed, so the saved position means other batches; start a new epoch",
+                "world_size": "the number of ranks changed, so every rank's slice changed",
+            }.get(key, "the batches of the epoch would differ")
+            raise ConfigError(f"cannot resume: saved {key}={theirs!r} but this sampler has {key}={value!r} ({why})")
+    epoch, step = int(state.pop("epoch")), int(state.pop("step"))
+    if state:
+        raise ConfigError(f"unexpected keys in the {what} state: {sorted(state)}")
+    if epoch < 0 or step < 0:
+        raise ConfigError(f"cannot resume: saved epoch={epoch}, step={step}; both should be at least 0")
+    return epoch, step
+
+
+def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if world_size is None:
+        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if rank is None:
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError(f"world_size should be a positive integer, but got world_size={world_size!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ConfigError(f"rank should be in [0, world_size={world_size}), but got rank={rank!r}")
+    return rank, world_size
+
+
+def plan_id_of(text: str) -> str:
+    """A plan id for ad-hoc use (tests, plans without a manifest): SHA-256 of ``text``."""
+    return hashlib.sha256(text.encode()).hexdigest()
