@@ -16,13 +16,10 @@ from torch.utils.data import DataLoader, IterableDataset
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket.monitor.hooks import split_batch
 from tokenbucket.plan.buckets import plan_buckets
-from tokenbucket.stream.bucketer import (
-    BucketedStream,
-    StreamBucketer,
-    StreamCollate,
-    estimate_plan,
-    stream_batch_counts,
-)
+from tokenbucket.stream.bucketer import StreamBucketer
+from tokenbucket.stream.dataset import BucketedStream, StreamCollate
+from tokenbucket.stream.emission import stream_batch_counts
+from tokenbucket.stream.estimate import estimate_plan
 from tokenbucket.testing import mixture_a
 from tokenbucket.tokens.breakdown import breakdown_sample
 
@@ -72,7 +69,7 @@ def test_stream_every_sample_once_every_batch_fits(mode: str, max_buffered: int 
 
 
 def test_stream_batches_report_tokens_by_modality(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tokenbucket.stream.bucketer as bucketer
+    import tokenbucket.stream.counting as counting
 
     stream = samples(200)
     rows = [json.loads(s["json"]) for s in stream]
@@ -84,8 +81,8 @@ def test_stream_batches_report_tokens_by_modality(monkeypatch: pytest.MonkeyPatc
     stream[0] = {**stream[0], "json": json.dumps({**rows[0], "note": "x"}).encode()}
     stream[1] = {**stream[1], "json": json.dumps({**rows[1], "note": 1}).encode()}
     one_by_one: list[int] = []
-    real = bucketer.breakdown_sample
-    monkeypatch.setattr(bucketer, "breakdown_sample", lambda *a, **k: one_by_one.append(1) or real(*a, **k))
+    real = counting.breakdown_sample
+    monkeypatch.setattr(counting, "breakdown_sample", lambda *a, **k: one_by_one.append(1) or real(*a, **k))
     batches = list(StreamBucketer(plan, SPEC, lookahead=16)(stream))
     assert len(one_by_one) == 16  # the chunk holding both
     for b in batches:

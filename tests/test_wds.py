@@ -20,7 +20,9 @@ from torch.utils.data import DataLoader
 
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket.plan.buckets import plan_buckets
-from tokenbucket.stream.bucketer import StreamCollate, read_rejected, stream_batch_counts
+from tokenbucket.stream.bucketer import read_rejected
+from tokenbucket.stream.dataset import StreamCollate
+from tokenbucket.stream.emission import stream_batch_counts
 from tokenbucket.stream.wds import bucketed, epoch_shards, index_shards
 from tokenbucket.testing import mixture_a
 
@@ -129,7 +131,7 @@ def test_wds_index_counts_upper_case_members_as_webdataset_reads_them(tmp_path: 
 def test_wds_resume_across_a_shuffle_buffer_through_the_index(shards: dict[str, Any]) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from tokenbucket.stream.bucketer import BucketedStream
+    from tokenbucket.stream.dataset import BucketedStream
 
     plan, index = shards["plan"], index_shards(shards["urls"], SPEC)
     sizes = dict(zip(index.urls, (len(k) for k in index.keys), strict=True))

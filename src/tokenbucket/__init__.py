@@ -89,6 +89,8 @@ _LAZY = {
     "block_diagonal_mask": "train.packing",
     "RiskSplitSampler": "train.risk",
     "StreamBucketer": "stream.bucketer",
+    "BucketedStream": "stream.dataset",
+    "StreamCollate": "stream.dataset",
     "BucketMonitor": "monitor.hooks",
     "JsonlSink": "monitor.sinks",
     "LoggingSink": "monitor.sinks",
@@ -120,6 +122,7 @@ if TYPE_CHECKING:
     from tokenbucket.plan.buckets import check_plan, plan_buckets, plan_from_bounds
     from tokenbucket.plan.manifest import Manifest, build_manifest, load_manifest
     from tokenbucket.stream.bucketer import StreamBucketer
+    from tokenbucket.stream.dataset import BucketedStream, StreamCollate
     from tokenbucket.tokens.breakdown import Breakdowns, CameraTokens, TokenBreakdown, breakdown_sample, breakdown_table
     from tokenbucket.tokens.lerobot import lerobot_rows
     from tokenbucket.tokens.metadata import read_metadata
@@ -140,6 +143,7 @@ __all__ = [
     "BucketCollate",
     "BucketMonitor",
     "BucketPlan",
+    "BucketedStream",
     "CameraSpec",
     "CameraTokens",
     "ColumnMap",
@@ -172,6 +176,7 @@ __all__ = [
     "Segment",
     "StateError",
     "StreamBucketer",
+    "StreamCollate",
     "TensorBoardSink",
     "TokenBreakdown",
     "TokenBucketDataset",

@@ -13,6 +13,8 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
+from tokenbucket._exceptions import ConfigError
+
 __all__ = ["MIXTURE_A", "RandomTokens", "mixture_a"]
 
 # NOTE [ Mixture A ]
@@ -38,7 +40,7 @@ def mixture_a(num_samples: int, *, seed: int = 0) -> pa.Table:
         ['key', 'cameras', 'frames', 'height', 'width']
     """
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
-        raise ValueError(f"num_samples should be a non-negative integer, but got num_samples={num_samples!r}")
+        raise ConfigError(f"num_samples should be a non-negative integer, but got num_samples={num_samples!r}")
     rng = np.random.default_rng(seed)
 
     def pick(name: str) -> np.ndarray:

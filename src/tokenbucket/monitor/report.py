@@ -137,14 +137,18 @@ def _series(steps: list[dict[str, Any]], bucket: Any, x: str, y: str) -> tuple[l
     return [float(s[x]) for s in pts], [float(s[y]) for s in pts]
 
 
-def _plots(log: RunLog, rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path, Path, Path]:
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend, or a ConfigError naming the extra."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional: the `plot` extra; only plotting needs it
     except ImportError:
-        raise ConfigError("the report's plots need matplotlib: pip install 'tokenbucket[plot]'") from None
+        raise ConfigError("plots need matplotlib: pip install 'tokenbucket[plot]'") from None
+    plt.switch_backend("Agg")
+    return plt
+
+
+def _plots(log: RunLog, rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path, Path, Path]:
+    plt = pyplot()
     steps, gib = log.of("step"), 2.0**30
     paths = (out_dir / "latency.png", out_dir / "memory.png", out_dir / "risk.png", out_dir / "throughput.png")
     figs = [plt.subplots(figsize=(7, 4)) for _ in paths]

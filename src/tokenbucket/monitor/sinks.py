@@ -114,7 +114,7 @@ class TensorBoardSink:
     def __init__(self, log_dir: str | os.PathLike[str] | None = None, *, writer: Any = None) -> None:
         if writer is None:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import SummaryWriter  # optional: the `tb` extra
             except ImportError as exc:
                 raise ConfigError("TensorBoardSink needs tensorboard: pip install 'tokenbucket[tb]'") from exc
             writer = SummaryWriter(log_dir=None if log_dir is None else str(log_dir))

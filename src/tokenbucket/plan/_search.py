@@ -20,8 +20,10 @@ def max_batches_at(cost: Any, bounds: np.ndarray, budget: int) -> np.ndarray:
         if prev is None:
             prev = cost.max_batch(bound, budget)
         elif prev > 0 and cost.memory(prev, bound).total > budget:
-            # fits(0) stands as the floor, not fits(prev)
-            prev = largest_fitting(lambda b, n=bound: bool(cost.memory(b, n).total <= budget), 0, prev)
+            def fits(batch: int, length: int = bound) -> bool:
+                return bool(cost.memory(batch, length).total <= budget)
+
+            prev = largest_fitting(fits, 0, prev)  # fits(0) stands as the floor, not fits(prev)
         out[i] = prev
     return out
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from tokenbucket._exceptions import ConfigError, OversizeError
 from tokenbucket._search import grow_then_bisect, largest_fitting
+from tokenbucket.cost.memory import CostModel
 from tokenbucket.plan._search import SupportsCost, step_cost
 from tokenbucket.plan.bucket_plan import Bucket, BucketPlan
 
@@ -74,7 +75,7 @@ def _longest_row(cost_model: SupportsCost, budget_bytes: int, start: int) -> int
     return grow_then_bisect(fits, start, what="the longest row search")
 
 
-def packed_epoch_seconds(cost_model: SupportsCost, rows_per_batch: int, pack_length: int, batches: int,
+def packed_epoch_seconds(cost_model: CostModel, rows_per_batch: int, pack_length: int, batches: int,
                          sample_attention_flops: float) -> float:
     """Predicted epoch seconds of ``batches`` packed batches of ``rows_per_batch x pack_length``.
 
@@ -104,7 +105,7 @@ def samples_attention_flops(cost_model: SupportsCost, lengths: np.ndarray) -> fl
                      for v, c in zip(values.tolist(), counts.tolist(), strict=True)))
 
 
-def plan_packing(lengths: Sequence[int] | np.ndarray, cost_model: Any, budget_bytes: int, *,
+def plan_packing(lengths: Sequence[int] | np.ndarray, cost_model: CostModel, budget_bytes: int, *,
                  pack_length: int | None = None, on_oversize: str = "error", seed: int = 0, pool: int = 4096,
                  multiple: int = 64, candidates: int = 6, meta: dict[str, Any] | None = None) -> BucketPlan:
     """A packed plan (``mode="packed"``): one row shape ``(rows_per_batch, pack_length)``.

@@ -2,6 +2,7 @@
 a shard index that gives every rank the same number of steps.
 
     import webdataset as wds
+    from tokenbucket.stream.dataset import StreamCollate
     from tokenbucket.stream.wds import index_shards
 
     index = index_shards(urls, spec)                       # reads only the .json members
@@ -33,29 +34,41 @@ import os
 import tarfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.stream.bucketer import StreamBatch, StreamBucketer, _NoPlan, stream_batch_counts
+from tokenbucket.plan._search import SupportsCost
+from tokenbucket.plan.bucket_plan import BucketPlan
+from tokenbucket.stream.bucketer import StreamBatch, StreamBucketer, StreamOptions
+from tokenbucket.stream.counting import ChunkCounter
+from tokenbucket.stream.emission import stream_batch_counts
+from tokenbucket.tokens.spec import TokenSpec
 
 try:
     from webdataset.filters import pipelinefilter
 except ImportError as exc:  # pragma: no cover - the extra is installed in dev
     raise ImportError("tokenbucket.stream.wds needs webdataset: pip install 'tokenbucket[wds]'") from exc
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = ["ShardIndex", "bucketed", "bucketed_samples", "epoch_shards", "index_shards"]
 
+#: the stage, made: samples in, batches out (what ``pipeline.compose`` takes)
+Stage: TypeAlias = Callable[[Iterable[object]], Iterator[StreamBatch]]
 
-def bucketed_samples(src: Iterable[Any], plan: Any, spec: Any, **kwargs: Any) -> Iterator[StreamBatch]:
+
+def bucketed_samples(src: Iterable[object], plan: BucketPlan, spec: TokenSpec,
+                     **kwargs: Unpack[StreamOptions]) -> Iterator[StreamBatch]:
     """The stage as a plain generator: samples in, :class:`~tokenbucket.stream.bucketer.StreamBatch` es out
     (keyword arguments as :class:`~tokenbucket.stream.bucketer.StreamBucketer`)."""
     yield from StreamBucketer(plan, spec, **kwargs)(src)
 
 
 #: ``pipeline.compose(bucketed(plan, spec, ...))``: the stage, curried for a webdataset pipeline.
-bucketed = pipelinefilter(bucketed_samples)
+bucketed: Callable[..., Stage] = pipelinefilter(bucketed_samples)
 
 
 def epoch_shards(urls: Sequence[str], *, seed: int, epoch: int) -> list[str]:
@@ -86,8 +99,8 @@ class ShardIndex:
         return ShardIndex(tuple(urls), tuple(self.keys[where[u]] for u in urls),
                           tuple(self.lengths[where[u]] for u in urls), self.rejected)
 
-    def batches_per_worker(self, plan: Any, *, world_size: int = 1, num_workers: int = 0, cost_model: Any = None,
-                           max_buffered: int | None = None) -> int:
+    def batches_per_worker(self, plan: BucketPlan, *, world_size: int = 1, num_workers: int = 0,
+                           cost_model: SupportsCost | None = None, max_buffered: int | None = None) -> int:
         """``batches=`` for every stage: the largest stream's batch count (NOTE [ Equal steps from a
         shard index ]). Each rank then takes ``max(1, num_workers)`` times this many steps."""
         counts = stream_batch_counts(self.lengths, plan, world_size=world_size, num_workers=num_workers,
@@ -95,7 +108,8 @@ class ShardIndex:
         return int(counts.max()) if counts.size else 0
 
 
-    def bucketed(self, plan: Any, spec: Any, *, world_size: int = 1, num_workers: int = 0, **kwargs: Any) -> Any:
+    def bucketed(self, plan: BucketPlan, spec: TokenSpec, *, world_size: int = 1, num_workers: int = 0,
+                 **kwargs: Unpack[StreamOptions]) -> Stage:
         """The stage with ``batches=`` set for these shards: every worker of every rank emits the
         same number of batches, every sample once. The count is simulated with the stage's own
         ``max_buffered`` and ``cost_model``, so the two cannot disagree. The shards' sizes go to
@@ -116,18 +130,18 @@ def _key_and_ext(name: str) -> tuple[str, str] | None:
     return (f"{head}/{stem}" if head else stem), ext
 
 
-def index_shards(urls: Sequence[str | os.PathLike[str]], spec: Any, *, meta: str = "json",
-                 open_fn: Callable[[str], Any] | None = None) -> ShardIndex:
+def index_shards(urls: Sequence[str | os.PathLike[str]], spec: TokenSpec, *, meta: str = "json",
+                 open_fn: Callable[[str], IO[bytes]] | None = None) -> ShardIndex:
     """Read every shard's ``.{meta}`` members (the others are skipped over, not read) and count them.
 
     ``open_fn(url)`` opens a shard as a binary file (default: ``open``), for shards elsewhere.
     Samples whose metadata is invalid are counted in ``rejected`` (the stage rejects them too).
     """
-    counter = StreamBucketer(_NoPlan(), spec, meta=meta, on_invalid="reject")
-    opener: Callable[[str], Any] = open_fn if open_fn is not None else (lambda u: open(u, "rb"))
+    counter = ChunkCounter(spec, meta=meta)
+    opener: Callable[[str], IO[bytes]] = open_fn if open_fn is not None else (lambda u: open(u, "rb"))
     keys, lengths = [], []
     for url in urls:
-        samples = []
+        samples: list[tuple[object, str]] = []
         with opener(str(url)) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
             for member in tar:
                 parts = _key_and_ext(member.name) if member.isfile() else None
@@ -137,7 +151,7 @@ def index_shards(urls: Sequence[str | os.PathLike[str]], spec: Any, *, meta: str
                 if data is None:
                     continue
                 samples.append(({"__key__": parts[0], meta: data.read(), "__url__": str(url)}, parts[0]))
-        counted = counter._count(samples)
+        counted = counter.count(samples)
         keys.append(tuple(c[1] for c in counted))
         lengths.append(tuple(c[2] for c in counted))
-    return ShardIndex(tuple(str(u) for u in urls), tuple(keys), tuple(lengths), sum(counter.stats.rejected.values()))
+    return ShardIndex(tuple(str(u) for u in urls), tuple(keys), tuple(lengths), counter.invalid)

@@ -36,7 +36,7 @@ from torch.utils.data import Sampler
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.plan.packing import pack_rows
 from tokenbucket.train.batch import EmptyRow, token_layout
-from tokenbucket.train.sampler import _dist_defaults, empty_row, resume_position
+from tokenbucket.train.sampler import POSITION_KEYS, _dist_defaults, empty_row, resume_position, sampler_state
 
 __all__ = ["PackedBatchSampler", "PackedCollate", "block_diagonal_mask", "flex_block_mask"]
 
@@ -62,7 +62,7 @@ def block_diagonal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
 def flex_block_mask(segment_ids: torch.Tensor) -> Any:
     """A ``flex_attention`` block mask for the packed rows (needs ``torch.nn.attention.flex_attention``)."""
     try:
-        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import create_block_mask  # optional: torch >= 2.5 only
     except ImportError as exc:  # pragma: no cover - torch >= 2.5 has it
         raise ConfigError("flex_block_mask needs torch.nn.attention.flex_attention (torch >= 2.5)") from exc
     seg = segment_ids
@@ -176,7 +176,7 @@ class PackedBatchSampler(Sampler[list[int]]):
     State keys: ``epoch``, ``step``, ``plan_id``, ``world_size``, ``seed``, ``mode``.
     """
 
-    STATE_KEYS = ("epoch", "step", "plan_id", "world_size", "seed", "mode")
+    STATE_KEYS = (*POSITION_KEYS, "plan_id", "world_size", "seed", "mode")
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, pack_length: int, rows_per_batch: int, *, plan_id: str,
                  seed: int = 0, shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
@@ -241,10 +241,9 @@ class PackedBatchSampler(Sampler[list[int]]):
             yield batches[s * self.world_size + self.rank]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "step": self.step, "plan_id": self.plan_id, "world_size": self.world_size,
-                "seed": self.seed, "mode": self.mode}
+        return sampler_state(self, self.STATE_KEYS)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        mine = {key: getattr(self, key) for key in ("plan_id", "world_size", "seed", "mode")}
+        mine = sampler_state(self, self.STATE_KEYS, identity_only=True)  # NOTE [ Sampler state keys ]
         self.epoch, step = resume_position(state, mine, "packed sampler")
         self.step = self._resume = step

@@ -30,12 +30,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from tokenbucket._exceptions import ConfigError
+from tokenbucket._exceptions import ConfigError, StateError
 from tokenbucket.plan._search import OversizeSampleError, dynamic_batches
 
 __all__ = ["BucketBatchSampler", "Epoch", "empty_row", "epoch_steps", "members_by_bucket"]
+
+
+# NOTE [ Sampler state keys ]
+# A sampler's state is where it is (POSITION_KEYS: the epoch and the batches this rank has
+# yielded in it) plus what makes that position mean the same batches (the rest of its class's
+# STATE_KEYS, each an attribute of the same name). Both samplers build and check their state
+# here, so a key exists once.
+EPOCH_KEY, STEP_KEY = "epoch", "step"
+POSITION_KEYS = (EPOCH_KEY, STEP_KEY)
 
 
 def empty_row(num_samples: int, bucket: int) -> int:
@@ -188,7 +198,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         [[0, 1], [2, 3], [4]]
     """
 
-    STATE_KEYS = ("epoch", "step", "plan_id", "world_size", "seed", "drop_last", "sync_buckets", "mode")
+    STATE_KEYS = (*POSITION_KEYS, "plan_id", "world_size", "seed", "drop_last", "sync_buckets", "mode")
 
     def __init__(
         self,
@@ -284,39 +294,44 @@ class BucketBatchSampler(Sampler[list[int]]):
     # -- state -------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "step": self.step, "plan_id": self.plan_id, "world_size": self.world_size,
-                "seed": self.seed, "drop_last": self.drop_last, "sync_buckets": self.sync_buckets, "mode": self.mode}
+        return sampler_state(self, self.STATE_KEYS)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, step = resume_position(state, {
-            "plan_id": self.plan_id, "world_size": self.world_size, "seed": self.seed, "drop_last": self.drop_last,
-            "sync_buckets": self.sync_buckets, "mode": self.mode}, "sampler")
+        self.epoch, step = resume_position(state, sampler_state(self, self.STATE_KEYS, identity_only=True), "sampler")
         self.step = self._resume_step = step
+
+
+def sampler_state(sampler: object, keys: Sequence[str], *, identity_only: bool = False) -> dict[str, Any]:
+    """``{key: sampler.key}`` for ``keys`` (without the position with ``identity_only``); NOTE [ Sampler state keys ]."""
+    return {key: getattr(sampler, key) for key in keys if not (identity_only and key in POSITION_KEYS)}
 
 
 def resume_position(state: Mapping[str, Any], mine: Mapping[str, Any], what: str) -> tuple[int, int]:
     """A saved sampler state's ``(epoch, step)``, once its identity (``mine``: plan id, world
-    size, seed, ...) is this sampler's; else a ConfigError saying why the position means nothing here."""
+    size, seed, ...) is this sampler's; else a StateError saying why the position means nothing here."""
     state = dict(state)
     for key, value in mine.items():
+        if key not in state:
+            raise StateError(f"cannot resume: the saved {what} state has no {key!r} (it holds {sorted(state)})")
         theirs = state.pop(key)
         if theirs != value:
             why = {
                 "plan_id": "the manifest changed, so the saved position means other batches; start a new epoch",
                 "world_size": "the number of ranks changed, so every rank's slice changed",
             }.get(key, "the batches of the epoch would differ")
-            raise ConfigError(f"cannot resume: saved {key}={theirs!r} but this sampler has {key}={value!r} ({why})")
-    epoch, step = int(state.pop("epoch")), int(state.pop("step"))
+            raise StateError(f"cannot resume: saved {key}={theirs!r} but this sampler has {key}={value!r} ({why})")
+    for key in POSITION_KEYS:
+        if key not in state:
+            raise StateError(f"cannot resume: the saved {what} state has no {key!r}")
+    epoch, step = int(state.pop(EPOCH_KEY)), int(state.pop(STEP_KEY))
     if state:
-        raise ConfigError(f"unexpected keys in the {what} state: {sorted(state)}")
+        raise StateError(f"unexpected keys in the {what} state: {sorted(state)}")
     if epoch < 0 or step < 0:
-        raise ConfigError(f"cannot resume: saved epoch={epoch}, step={step}; both should be at least 0")
+        raise StateError(f"cannot resume: saved epoch={epoch}, step={step}; both should be at least 0")
     return epoch, step
 
 
 def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    import torch.distributed as dist
-
     if world_size is None:
         world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if rank is None:

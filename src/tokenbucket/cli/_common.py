@@ -1,0 +1,257 @@
+"""What the verbs share: the token-spec and model flags and their parsers, JSON flag values, budgets,
+and the printed summaries, plans and histograms."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenbucket._config import load_toml_section
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.cost.gpus import GIB, gpu_budget_bytes
+from tokenbucket.cost.model import ModelSpec
+from tokenbucket.plan.bucket_plan import BucketPlan
+from tokenbucket.tokens.spec import TokenSpec
+
+
+def _size(text: str) -> tuple[int, int]:
+    parts = text.lower().replace("×", "x").split("x")
+    try:
+        if len(parts) == 1:
+            return int(parts[0]), int(parts[0])
+        if len(parts) == 2:
+            return int(parts[0]), int(parts[1])
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH or SIDE, got {text!r}")
+
+
+def _add_spec_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("token spec (each overrides --config)")
+    g.add_argument("--config", type=Path, help="tokenbucket.toml whose [tokens] section is the base spec")
+    g.add_argument("--patch", type=int, help="patch side in pixels (default 14)")
+    g.add_argument("--resize", choices=["pad", "crop", "fixed", "max_pixels"], help="resize policy")
+    g.add_argument("--fixed-size", type=_size, metavar="HxW", help="frame size for --resize fixed")
+    g.add_argument("--min-pixels", type=int, help="lower pixel bound for --resize max_pixels")
+    g.add_argument("--max-pixels", type=int, help="upper pixel bound for --resize max_pixels")
+    g.add_argument("--merge", type=int, help="spatial token merger side (2 = 2x2)")
+    g.add_argument("--tubelet", type=int, help="frames per temporal token")
+    g.add_argument("--causal-first-frame", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep frame 0 apart: 1 + ceil((frames-1)/tubelet)")
+    g.add_argument("--tokens-per-frame", type=int, help="resampler output per frame (replaces patches)")
+    g.add_argument("--special-per-frame", type=int, help="special tokens per temporal token")
+    g.add_argument("--special-per-camera", type=int, help="special tokens per camera")
+    g.add_argument("--camera-slots", type=int, help="fixed camera slots (empty ones still cost)")
+    g.add_argument("--camera-names", help="comma-separated names of the flat schema's camera positions")
+    g.add_argument("--override", action="append", default=[], metavar="CAMERA:FIELD=VALUE",
+                   help="per-camera override, e.g. wrist:tokens_per_frame=64 (repeatable)")
+    for name in ("text", "proprio", "action", "memory"):
+        g.add_argument(f"--{name}", metavar="RULE",
+                       help=f"{name} tokens: N, COLUMN, N*K, COLUMN*K; '?' after a column makes it optional")
+    g.add_argument("--extra", action="append", default=[], metavar="NAME=RULE", help="named extra modality (repeatable)")
+    g.add_argument("--column", action="append", default=[], metavar="FIELD=NAME",
+                   help="metadata column mapping, e.g. key=episode_id or cameras=views (repeatable)")
+
+
+def _add_model_flags(p: argparse.ArgumentParser, *, with_config: bool = False, mode_flag: str = "--mode") -> None:
+    g = p.add_argument_group("model (each overrides --config's [model] and --preset; "
+                             "default preset design-24L-1024)")
+    if with_config:
+        g.add_argument("--config", type=Path, help="tokenbucket.toml whose [model] section is the base")
+    g.add_argument("--preset", help="start from a named model (see ModelSpec presets)")
+    g.add_argument("--hidden", type=int, help="model width D")
+    g.add_argument("--layers", type=int, help="number of blocks")
+    g.add_argument("--heads", type=int, help="attention heads")
+    g.add_argument("--kv-heads", type=int, help="K/V heads (GQA/MQA)")
+    g.add_argument("--mlp-ratio", type=float, help="MLP width over hidden (default 4)")
+    g.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None, help="SwiGLU MLP")
+    g.add_argument("--precision", choices=["bf16", "amp", "fp32"])
+    g.add_argument("--attention", choices=["flash", "sdpa", "eager", "mem_efficient"])
+    g.add_argument("--window", type=int, help="local attention window in tokens")
+    g.add_argument("--checkpointing", choices=["none", "full"])
+    g.add_argument(mode_flag, dest="mode", choices=["train", "infer"], help="train (default) or infer")
+    g.add_argument("--optimizer", choices=["adamw", "sgd", "none"])
+    g.add_argument("--extra-params", type=int, help="parameters outside the blocks (encoders, heads)")
+    g.add_argument("--extra-bytes", type=int, help="fixed bytes the block model does not see")
+
+
+def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    """The :class:`ModelSpec` that ``--config``'s ``[model]``, ``--preset`` and the flags describe."""
+    data: dict[str, Any] = {}
+    if getattr(args, "config", None) is not None:
+        data = load_toml_section(args.config, "model")
+    if args.preset is not None:
+        data["preset"] = args.preset
+    for name in ("hidden", "layers", "heads", "kv_heads", "mlp_ratio", "gated_mlp", "precision", "attention",
+                 "window", "checkpointing", "mode", "optimizer", "extra_params", "extra_bytes"):
+        value = getattr(args, name)
+        if value is not None:
+            data[name] = value
+    if "preset" not in data and not {"hidden", "layers", "heads"} <= set(data):
+        # no full model given: the flags change the design document's 24-layer model
+        data["preset"] = "design-24L-1024"
+    return ModelSpec.from_dict(data)
+
+
+def _budget(args: argparse.Namespace) -> int | None:
+    if args.budget_gib is not None:
+        if args.budget_gib <= 0:
+            raise ConfigError(f"--budget-gib should be positive, but got {args.budget_gib}")
+        return int(args.budget_gib * GIB)
+    if args.gpu is not None:
+        return gpu_budget_bytes(args.gpu)
+    return None
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:,.2f} GiB"
+
+
+def _parse_value(text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _pairs(items: Sequence[str], flag: str) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"{flag} should look like NAME=VALUE, but got {flag} {item!r}")
+        out.append((name.strip(), value.strip()))
+    return out
+
+
+def spec_from_args(args: argparse.Namespace) -> TokenSpec:
+    """The :class:`TokenSpec` that ``--config`` and the spec flags describe."""
+    data: dict[str, Any] = {}
+    if args.config is not None:
+        data = load_toml_section(args.config, "tokens")
+    flags = {
+        "patch": args.patch,
+        "resize": args.resize,
+        "fixed_size": args.fixed_size,
+        "min_pixels": args.min_pixels,
+        "max_pixels": args.max_pixels,
+        "merge": args.merge,
+        "tubelet": args.tubelet,
+        "causal_first_frame": args.causal_first_frame,
+        "tokens_per_frame": args.tokens_per_frame,
+        "special_per_frame": args.special_per_frame,
+        "special_per_camera": args.special_per_camera,
+        "camera_slots": args.camera_slots,
+        "text": args.text,
+        "proprio": args.proprio,
+        "action": args.action,
+        "memory": args.memory,
+    }
+    data.update({k: v for k, v in flags.items() if v is not None})
+    if args.resize == "fixed" and args.fixed_size is None and "fixed_size" not in data:
+        raise ConfigError("--resize fixed needs --fixed-size HxW")
+    if args.camera_names:
+        data["camera_names"] = [n.strip() for n in args.camera_names.split(",") if n.strip()]
+    overrides = {k: dict(v) for k, v in data.get("overrides", {}).items()}
+    for item in args.override:
+        camera, sep, rest = item.partition(":")
+        if not sep:
+            raise ConfigError(f"--override should look like CAMERA:FIELD=VALUE, but got --override {item!r}")
+        for fld, value in _pairs([rest], "--override"):
+            overrides.setdefault(camera, {})[fld] = _parse_value(value)
+    if overrides:
+        data["overrides"] = overrides
+    if args.extra:
+        extras = dict(data.get("extras", {}))
+        extras.update(_pairs(args.extra, "--extra"))
+        data["extras"] = extras
+    if args.column:
+        columns = dict(data.get("columns", {}))
+        columns.update(_pairs(args.column, "--column"))
+        data["columns"] = columns
+    return TokenSpec.from_dict(data)
+
+
+def _sample_arg(text: str) -> dict[str, Any]:
+    """``--sample``: one JSON object (inline or ``@file.json``)."""
+    return _json_object_arg(text, "--sample")
+
+
+def _print_summary(summary: dict[str, Any], source: str, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
+    print(f"{source}: {summary['count']:,} samples, {summary['rejected']:,} rejected, "
+          f"{summary['tokens']:,} tokens", file=out)
+    if summary["count"]:
+        print("L_total   " + "  ".join(f"{k}={summary[k]:,}" for k in ("min", "p50", "p90", "p99", "max"))
+              + f"  mean={summary['mean']:,.0f}", file=out)
+    print("share     " + "  ".join(f"{k} {v:6.1%}" for k, v in summary["share"].items()), file=out)
+
+
+def _plan_json(plan: BucketPlan) -> dict[str, Any]:
+    return {
+        "budget_bytes": plan.budget_bytes,
+        "mode": plan.mode,
+        "buckets": [
+            {"bound": b.bound, "batch_size": b.batch_size, "samples": b.samples, "batches": b.batches,
+             "predicted_peak_bytes": b.predicted_peak_bytes, "fill": b.fill,
+             "padding_efficiency": b.padding_efficiency, "step_seconds": b.step_seconds}
+            for b in plan.buckets
+        ],
+        "summary": plan.summary(),
+        "oversize": plan.oversize,
+    }
+
+
+def _print_plan(plan: BucketPlan) -> None:
+    print(f"{'bucket':>6} {'bound':>8} {'batch':>6} {'samples':>9} {'batches':>8} {'peak':>11} {'fill':>6} "
+          f"{'padding eff':>12} {'step ms':>9}")
+    for k, b in enumerate(plan.buckets):
+        print(f"{k:>6} {b.bound:>8,} {b.batch_size:>6} {b.samples:>9,} {b.batches:>8,} {_gib(b.predicted_peak_bytes):>11} "
+              f"{b.fill:>6.1%} {b.padding_efficiency:>12.1%} {b.step_seconds * 1e3:>9.1f}")
+    s = plan.summary()
+    shapes = s["shapes"] if s["shapes"] is not None else "dynamic"
+    print(f"{s['samples']:,} samples in {s['batches']:,} batches, {shapes} shapes, padding efficiency "
+          f"{s['padding_efficiency']:.1%}, mean fill {s['mean_fill']:.1%}, predicted epoch "
+          f"{s['predicted_epoch_seconds'] / 3600:,.2f} h, over budget: {s['over_budget_batches']}; "
+          f"rejected {s['rejected']:,} (budget {_gib(plan.budget_bytes)})")
+    if plan.oversize:
+        o = plan.oversize
+        print(f"oversize: {o['count']:,} samples longer than {o['longest_fitting']:,} tokens (the largest, "
+              f"{o['largest']:,} tokens, needs {_gib(o['largest_bytes'])} alone)")
+
+
+def _json_object_arg(text: str, flag: str) -> dict[str, Any]:
+    """A flag's JSON object, given inline or as ``@file.json``."""
+    source = f"{flag} {text!r}"
+    if text.startswith("@"):
+        path = Path(text[1:])
+        source = f"{flag} file {str(path)!r}"
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {source}: {exc}") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{source} should be a JSON object, but it does not parse ({exc})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source} should be a JSON object, but got {type(value).__name__}")
+    return value
+
+
+def _histogram(totals: npt.NDArray[np.integer[Any]], width: int = 40) -> str:
+    edges = 2 ** np.arange(int(np.log2(max(totals.min(), 1))), int(np.ceil(np.log2(totals.max() + 1))) + 1)
+    counts, _ = np.histogram(totals, bins=edges)
+    peak = counts.max()
+    lines = []
+    for lo, hi, c in zip(edges[:-1], edges[1:], counts, strict=True):
+        bar = "#" * max(1 if c else 0, round(width * c / peak))
+        lines.append(f"  {int(lo):>8,} - {int(hi) - 1:>8,}  {c:>9,}  {bar}")
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""``tokenbucket ledger``: one sample's tokens as bytes and FLOPs, with what-ifs.
+
+    tokenbucket ledger --sample JSON [token flags] [model flags] [--whatif frames=32 ...] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tokenbucket.cli._common import (
+    _add_model_flags,
+    _add_spec_flags,
+    _gib,
+    _sample_arg,
+    model_from_args,
+    spec_from_args,
+)
+from tokenbucket.cost.ledger import ledger_with_whatifs
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sample", required=True, help="one sample as a JSON object")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--whatif", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
+                        help="e.g. frames=32, side=448, kv_heads=4, patch=28, batch=2 (repeatable)")
+    parser.add_argument("--json", action="store_true")
+    _add_spec_flags(parser)
+    _add_model_flags(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    model = model_from_args(args)
+    led = ledger_with_whatifs(_sample_arg(args.sample), spec, model, args.whatif, batch=args.batch)
+    if args.json:
+        print(json.dumps(led))
+        return 0
+    heads = ["base", *args.whatif]
+    print(f"{'line':<34}" + "".join(f"{h:>16}" for h in heads))
+    lines = [
+        ("tokens (L)", led["tokens"]["total"], "tokens.total", "n"),
+        ("hidden per layer", led["per_layer"]["hidden_bytes"], "per_layer.hidden_bytes", "b"),
+        ("Q/K/V per layer", led["per_layer"]["qkv_bytes"], "per_layer.qkv_bytes", "b"),
+        ("one score tensor per layer", led["per_layer"]["attention_score_bytes"], "per_layer.attention_score_bytes", "b"),
+        ("attention FLOPs per layer", led["per_layer"]["attention_flops"], "per_layer.attention_flops", "f"),
+        ("KV cache (all layers)", led["kv_cache_bytes"], "kv_cache_bytes", "b"),
+        (f"predicted peak ({model.attention}, {model.mode})", led["peak_bytes"], "peak_bytes", "b"),
+    ]
+    for label, value, key, kind in lines:
+        base = f"{value:,}" if kind == "n" else (f"{value:.3e}" if kind == "f" else _gib(value))
+        cells = [f"{base:>16}"]
+        for w in args.whatif:
+            ratio = led["whatif"][w].get(key)
+            cells.append(f"{'' if ratio is None else f'x{ratio:.2f}':>16}")
+        print(f"{label:<34}" + "".join(cells))
+    return 0

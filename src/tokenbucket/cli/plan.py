@@ -1,0 +1,99 @@
+"""``tokenbucket plan``: plan memory-safe buckets and write the manifest.
+
+    tokenbucket plan METADATA... [--config F] [--gpu NAME | --budget-gib X] [--max-buckets K]
+                     [--mode static|dynamic] [--on-oversize error|reject] --out manifest.parquet [--json]
+    tokenbucket plan --lerobot DATASET [--delta-timestamps JSON|@FILE.json] [--cameras A,B] [plan flags as above]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.cli._common import (
+    _add_model_flags,
+    _add_spec_flags,
+    _budget,
+    _json_object_arg,
+    _plan_json,
+    _print_plan,
+    model_from_args,
+    spec_from_args,
+)
+from tokenbucket.cost.memory import CostModel
+from tokenbucket.plan.manifest import build_manifest
+from tokenbucket.tokens.lerobot import lerobot_rows
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("metadata", nargs="*", help="metadata files or directories (or give --lerobot)")
+    parser.add_argument("--lerobot", type=Path, metavar="DATASET",
+                        help="plan a LeRobot v2.x/v3.0 dataset from its meta/ folder (one sample per frame)")
+    parser.add_argument("--delta-timestamps", metavar="JSON",
+                        help="with --lerobot: LeRobot's offsets in seconds per key, as a JSON object or @file.json")
+    parser.add_argument("--cameras", metavar="A,B", help="with --lerobot: the camera keys the policy uses")
+    parser.add_argument("--out", required=True, type=Path, help="the manifest .parquet to write")
+    parser.add_argument("--gpu", help="GPU target (see `tokenbucket gpus`)")
+    parser.add_argument("--budget-gib", type=float, help="memory budget instead of a GPU's")
+    parser.add_argument("--max-buckets", type=int, default=32)
+    parser.add_argument("--mode", dest="plan_mode", choices=["static", "dynamic", "packed"], default="static",
+                        help="static: at most K shapes; dynamic: batches padded to their own longest sample")
+    parser.add_argument("--on-oversize", choices=["error", "reject"], default="error")
+    parser.add_argument("--on-invalid", choices=["raise", "reject"], default="raise")
+    parser.add_argument("--json", action="store_true")
+    _add_spec_flags(parser)
+    _add_model_flags(parser, mode_flag="--model-mode")
+
+
+def _lerobot_metadata(args: argparse.Namespace, path: Path) -> dict[str, Any]:
+    """Write ``--lerobot``'s rows to ``path`` (Parquet); returns what to record in the manifest."""
+    deltas = None if args.delta_timestamps is None else _json_object_arg(args.delta_timestamps, "--delta-timestamps")
+    cameras = None
+    if args.cameras is not None:
+        cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]
+        if not cameras:
+            raise ConfigError(f"--cameras should name at least one camera key, but got --cameras {args.cameras!r}")
+    pq.write_table(lerobot_rows(args.lerobot, deltas, cameras=cameras), path)
+    return {"path": str(args.lerobot), "delta_timestamps": deltas, "cameras": cameras}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.lerobot is None:
+        if not args.metadata:
+            raise ConfigError("plan needs METADATA (files or directories) or --lerobot DATASET")
+        for flag, value in (("--delta-timestamps", args.delta_timestamps), ("--cameras", args.cameras)):
+            if value is not None:
+                raise ConfigError(f"{flag} goes with --lerobot DATASET, but no --lerobot was given")
+    elif args.metadata:
+        raise ConfigError(f"give either METADATA or --lerobot DATASET, not both (got METADATA {args.metadata})")
+    spec = spec_from_args(args)
+    model = model_from_args(args)
+    budget = _budget(args)
+    if budget is None:
+        raise ConfigError("plan needs a budget: --gpu NAME or --budget-gib X")
+    cost = CostModel(model, args.gpu)
+    meta: dict[str, Any] = {"model": model.to_dict(), "gpu": args.gpu}
+    with tempfile.TemporaryDirectory(prefix="tokenbucket-plan-") as tmp:
+        sources: list[str | Path] = args.metadata
+        if args.lerobot is not None:
+            # the rows go through the same path as a metadata file (one Parquet file, removed after)
+            rows = Path(tmp) / "lerobot-rows.parquet"
+            meta["lerobot"] = _lerobot_metadata(args, rows)
+            sources = [rows]
+        manifest = build_manifest(sources, spec, cost, args.out, budget_bytes=budget, max_buckets=args.max_buckets,
+                                  mode=args.plan_mode, on_oversize=args.on_oversize, on_invalid=args.on_invalid,
+                                  meta=meta)
+    if args.json:
+        print(json.dumps(_plan_json(manifest.plan)))
+    else:
+        _print_plan(manifest.plan)
+        print(f"manifest: {args.out} ({len(manifest):,} rows)")
+    return 0

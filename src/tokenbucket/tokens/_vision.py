@@ -1,0 +1,397 @@
+"""Vision tokens, the part of the breakdown that depends on cameras: the per-camera formulas
+(twice: Python ints for the scalar path, NumPy arrays for the vectorised one) and the vectorised
+pass over flat and per-camera (list-of-struct) columns. :mod:`tokenbucket.tokens.breakdown`
+runs both paths; the shared reasons and check order live here so both report alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tokenbucket import _values as V
+from tokenbucket._exceptions import (
+    DuplicateKeyError,
+    ImageTooSmallError,
+    InvalidValueError,
+    MissingColumnError,
+)
+from tokenbucket.tokens.spec import CameraSpec, TokenSpec
+
+R_DUPLICATE = "should be unique"
+R_TOO_SMALL = "is smaller than one patch under resize='crop'"
+R_TOO_MANY_CAMERAS = "should be at most camera_slots"
+R_NO_CAMERA_FOR_SLOTS = "should hold at least one camera to size the empty camera slots"
+
+# Check order (the scalar path walks it top to bottom; the vectorised path sorts by it), so
+# both report the same first problem of a row.
+_P_KEY = 0
+_P_CAMERAS = 2
+_P_FLAT = {"frames": 3, "height": 4, "width": 5}
+_P_ELEMENT = 10  # + 4 * position + field
+_P_SMALL = 1_000_000  # + 4 * position + (0 height, 1 width)
+_P_RULE = 2_000_000  # + rule index
+
+_ERROR_CLASS = {
+    R_DUPLICATE: DuplicateKeyError,
+    R_TOO_SMALL: ImageTooSmallError,
+}
+
+
+
+
+def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
+    if name not in table.column_names:
+        raise MissingColumnError(name, table.column_names)
+    return table.column(name)
+
+
+
+# -- one camera: the formulas, twice (Python ints, then NumPy arrays) --------------------------
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _spatial_py(cs: CameraSpec, h: int, w: int) -> tuple[int, str | None]:
+    """Spatial tokens per frame; or ``(0, "height"|"width")`` when too small under crop."""
+    p, m = cs.patch, cs.merge
+    if cs.resize == "crop":
+        gh, gw = (h // p) // m, (w // p) // m
+        if gh == 0:
+            return 0, "height"
+        if gw == 0:
+            return 0, "width"
+        return gh * gw, None
+    if cs.resize == "max_pixels":
+        if cs.max_pixels is None:  # CameraSpec.__post_init__ guarantees it
+            raise AssertionError("cs.max_pixels is unset")
+        factor = p * m
+        hb = max(factor, round(h / factor) * factor)
+        wb = max(factor, round(w / factor) * factor)
+        if hb * wb > cs.max_pixels:
+            beta = math.sqrt(h * w / cs.max_pixels)
+            hb = max(factor, math.floor(h / beta / factor) * factor)
+            wb = max(factor, math.floor(w / beta / factor) * factor)
+        elif hb * wb < cs.min_pixels:
+            beta = math.sqrt(cs.min_pixels / (h * w))
+            hb = math.ceil(h * beta / factor) * factor
+            wb = math.ceil(w * beta / factor) * factor
+        return (hb // factor) * (wb // factor), None
+    if cs.resize == "fixed":
+        if cs.fixed_size is None:  # CameraSpec.__post_init__ guarantees it
+            raise AssertionError("cs.fixed_size is unset")
+        h, w = cs.fixed_size
+    return _ceil_div(_ceil_div(h, p), m) * _ceil_div(_ceil_div(w, p), m), None
+
+
+def _temporal_py(cs: CameraSpec, frames: int) -> int:
+    if cs.tokens_per_frame is not None:
+        return frames
+    if cs.causal_first_frame:
+        return 1 + _ceil_div(frames - 1, cs.tubelet)
+    return _ceil_div(frames, cs.tubelet)
+
+
+def _ceil_div_np(a: np.ndarray, b: int) -> np.ndarray:
+    return -(-a // b)
+
+
+def _spatial_np(cs: CameraSpec, h: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Vectorised :func:`_spatial_py`: ``(tokens, height_too_small, width_too_small)``."""
+    p, m = cs.patch, cs.merge
+    if cs.resize == "crop":
+        gh, gw = (h // p) // m, (w // p) // m
+        small_h = gh == 0
+        small_w = (gw == 0) & ~small_h
+        return gh * gw, small_h, small_w
+    if cs.resize == "max_pixels":
+        if cs.max_pixels is None:  # CameraSpec.__post_init__ guarantees it
+            raise AssertionError("cs.max_pixels is unset")
+        factor = p * m
+        hf, wf = h.astype(np.float64), w.astype(np.float64)
+        hb = np.maximum(factor, np.round(hf / factor).astype(np.int64) * factor)
+        wb = np.maximum(factor, np.round(wf / factor).astype(np.int64) * factor)
+        area = hb * wb
+        over = area > cs.max_pixels
+        under = ~over & (area < cs.min_pixels)
+        if over.any():
+            beta = np.sqrt((h[over] * w[over]) / cs.max_pixels)
+            hb[over] = np.maximum(factor, np.floor(hf[over] / beta / factor).astype(np.int64) * factor)
+            wb[over] = np.maximum(factor, np.floor(wf[over] / beta / factor).astype(np.int64) * factor)
+        if under.any():
+            beta = np.sqrt(cs.min_pixels / (h[under] * w[under]))
+            hb[under] = np.ceil(hf[under] * beta / factor).astype(np.int64) * factor
+            wb[under] = np.ceil(wf[under] * beta / factor).astype(np.int64) * factor
+        return (hb // factor) * (wb // factor), None, None
+    if cs.resize == "fixed":
+        if cs.fixed_size is None:  # CameraSpec.__post_init__ guarantees it
+            raise AssertionError("cs.fixed_size is unset")
+        fh, fw = cs.fixed_size
+        per = _ceil_div(_ceil_div(fh, p), m) * _ceil_div(_ceil_div(fw, p), m)
+        return np.full(len(h), per, dtype=np.int64), None, None
+    return _ceil_div_np(_ceil_div_np(h, p), m) * _ceil_div_np(_ceil_div_np(w, p), m), None, None
+
+
+def _temporal_np(cs: CameraSpec, frames: np.ndarray) -> np.ndarray:
+    if cs.tokens_per_frame is not None or cs.tubelet == 1:
+        return frames
+    if cs.causal_first_frame:
+        return 1 + _ceil_div_np(frames - 1, cs.tubelet)
+    return _ceil_div_np(frames, cs.tubelet)
+
+
+def _camera_np(
+    cs: CameraSpec, f: np.ndarray, h: np.ndarray, w: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """``(tokens, temporal, spatial, height_too_small, width_too_small)`` for each camera."""
+    if cs.tokens_per_frame is not None:
+        spatial: np.ndarray = np.full(len(f), cs.tokens_per_frame, dtype=np.int64)
+        small_h = small_w = None
+    else:
+        spatial, small_h, small_w = _spatial_np(cs, h, w)
+    temporal = _temporal_np(cs, f)
+    tokens = temporal * (spatial + cs.special_per_frame) if cs.special_per_frame else temporal * spatial
+    if cs.special_per_camera:
+        tokens = tokens + cs.special_per_camera
+    return tokens, temporal, spatial, small_h, small_w
+
+
+
+def _slot_positions(spec: TokenSpec, limit: int) -> dict[int, CameraSpec]:
+    """Camera positions below ``limit`` whose name has an override, with their spec."""
+    out = {}
+    for j in range(limit):
+        name = spec.slot_name(j)
+        if name in spec.overrides:
+            out[j] = spec.camera_spec(name)
+    return out
+
+
+def _vision_flat(
+    table: pa.Table, spec: TokenSpec, problems: V.Problems, per_camera: bool
+) -> tuple[np.ndarray, pa.Array | None]:
+    cols = spec.columns
+    cams = V.check_array(_column(table, cols.cameras), 0, V.MAX_CAMERAS, problems, _P_CAMERAS, cols.cameras)
+    f = V.check_array(_column(table, cols.frames), 1, V.MAX_FRAMES, problems, _P_FLAT["frames"], cols.frames)
+    h = V.check_array(_column(table, cols.height), 1, V.MAX_SIDE, problems, _P_FLAT["height"], cols.height)
+    w = V.check_array(_column(table, cols.width), 1, V.MAX_SIDE, problems, _P_FLAT["width"], cols.width)
+    if spec.camera_slots is not None:
+        over = np.flatnonzero(cams > spec.camera_slots)
+        problems.add(over, _P_CAMERAS, R_TOO_MANY_CAMERAS, cols.cameras, lambda i: int(cams[over[i]]))
+        slots = np.maximum(cams, spec.camera_slots)
+    else:
+        slots = cams
+    max_slots = int(slots.max(initial=0))
+    positions = _slot_positions(spec, max_slots)
+
+    if not positions and not per_camera:
+        # Fast path: every camera of a row has the same shape and the same spec.
+        tokens, _, _, small_h, small_w = _camera_np(spec.base_camera(), f, h, w)
+        _report_small(problems, spec, small_h, small_w, slots > 0, None, h, w, np.zeros(len(f), np.int64))
+        return slots * tokens, None
+
+    # General path: one element per camera slot.
+    n = len(cams)
+    parent = np.repeat(np.arange(n), slots)
+    starts = np.concatenate([[0], np.cumsum(slots)[:-1]]) if n else np.zeros(0, np.int64)
+    pos = np.arange(len(parent)) - np.repeat(starts, slots)
+    ef, eh, ew = f[parent], h[parent], w[parent]
+    tokens = _element_tokens(spec, positions, pos, None, ef, eh, ew, problems, parent, None)
+    vision = _sum_by_row(parent, tokens, n)
+    lists = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(slots)]).astype(np.int32)), pa.array(tokens)) if per_camera else None
+    return vision, lists
+
+
+def _report_small(
+    problems: V.Problems,
+    spec: TokenSpec,
+    small_h: np.ndarray | None,
+    small_w: np.ndarray | None,
+    live: np.ndarray,
+    labels: Any,
+    h: np.ndarray,
+    w: np.ndarray,
+    pos: np.ndarray,
+    parent: np.ndarray | None = None,
+) -> None:
+    cols = spec.columns
+    for mask, fld, offset, vals in ((small_h, cols.height, 0, h), (small_w, cols.width, 1, w)):
+        if mask is None:
+            continue
+        idx = np.flatnonzero(mask & live)
+        if not len(idx):
+            continue
+        rows = parent[idx] if parent is not None else idx
+        column = fld if labels is None else [labels(int(k), fld) for k in idx]
+        problems.add(rows, _P_SMALL + 4 * pos[idx] + offset, R_TOO_SMALL, column, lambda i, idx=idx, vals=vals: int(vals[idx[i]]))
+
+
+def _element_tokens(
+    spec: TokenSpec,
+    positions: dict[int, CameraSpec],
+    pos: np.ndarray,
+    names: pa.Array | None,
+    f: np.ndarray,
+    h: np.ndarray,
+    w: np.ndarray,
+    problems: V.Problems,
+    parent: np.ndarray,
+    labels: Any,
+) -> np.ndarray:
+    """Tokens of each camera element, each with the spec its name (or position) selects.
+
+    ``pos`` is each element's slot position (it orders the checks); ``labels`` names an
+    element's column in messages.
+    """
+    tokens, _, _, small_h, small_w = _camera_np(spec.base_camera(), f, h, w)
+    small_h = np.zeros(len(f), dtype=bool) if small_h is None else small_h
+    small_w = np.zeros(len(f), dtype=bool) if small_w is None else small_w
+    groups: list[tuple[CameraSpec, np.ndarray]] = []
+    if names is not None:
+        encoded = pc.dictionary_encode(names)
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        for code, name in enumerate(encoded.dictionary.to_pylist()):
+            if name in spec.overrides:
+                groups.append((spec.camera_spec(name), codes == code))
+    else:
+        groups = [(cs, pos == j) for j, cs in positions.items()]
+    for cs, mask in groups:
+        sub = np.flatnonzero(mask)
+        tokens[sub], _, _, sh, sw = _camera_np(cs, f[sub], h[sub], w[sub])
+        small_h[sub] = False if sh is None else sh
+        small_w[sub] = False if sw is None else sw
+    _report_small(problems, spec, small_h, small_w, np.ones(len(f), dtype=bool), labels, h, w, pos, parent)
+    return tokens
+
+
+def _vision_list(
+    cams: pa.Array, spec: TokenSpec, problems: V.Problems, per_camera: bool
+) -> tuple[np.ndarray, pa.Array | None, np.ndarray]:
+    cols = spec.columns
+    n = len(cams)
+    if cams.null_count:
+        idx = np.flatnonzero(np.asarray(cams.is_null()))
+        problems.add(idx, _P_CAMERAS, V.R_NULL, cols.cameras, None)
+    counts = pc.list_value_length(cams).fill_null(0).to_numpy().astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    values = pc.list_flatten(cams)
+    if not pa.types.is_struct(values.type):
+        raise InvalidValueError(
+            "should hold {name, frames, height, width} structs", column=cols.cameras, value=str(cams.type)
+        )
+    parent = np.repeat(np.arange(n), counts)
+    pos = np.arange(len(parent)) - offsets[:-1][parent] if len(parent) else np.zeros(0, np.int64)
+    present = {values.type.field(i).name for i in range(values.type.num_fields)}
+
+    def labels(k: int, fld: str) -> str:
+        return f"{cols.cameras}[{int(pos[k])}].{fld}"
+
+    dims = []
+    for fi, (fld, hi) in enumerate(((cols.frames, V.MAX_FRAMES), (cols.height, V.MAX_SIDE), (cols.width, V.MAX_SIDE))):
+        if fld not in present:
+            raise MissingColumnError(f"{cols.cameras}[].{fld}", sorted(present))
+        field_arr = pc.struct_field(values, fld)  # a null struct's fields read as null
+        label_list = _LazyLabels(pos, cols.cameras, fld)
+        dims.append(V.check_array(field_arr, 1, hi, problems, _P_ELEMENT + 4 * pos + fi, label_list, rows=parent))
+    f, h, w = dims
+
+    if spec.camera_slots is not None:
+        over = np.flatnonzero(counts > spec.camera_slots)
+        problems.add(over, _P_CAMERAS, R_TOO_MANY_CAMERAS, cols.cameras, lambda i: cams[int(over[i])].as_py())
+        empty = np.flatnonzero((counts == 0) & ~np.asarray(cams.is_null()))
+        problems.add(empty, _P_CAMERAS, R_NO_CAMERA_FOR_SLOTS, cols.cameras, lambda i: cams[int(empty[i])].as_py())
+        extra = np.where(counts > 0, np.maximum(spec.camera_slots - counts, 0), 0)
+    else:
+        extra = np.zeros(n, dtype=np.int64)
+
+    # names: the struct's name, else the slot name
+    slot_names = pa.array([spec.slot_name(j) for j in range(int(counts.max(initial=0)) + 1)])
+    if cols.name in present:
+        names = pc.struct_field(values, cols.name)
+        if not pa.types.is_string(names.type):
+            names = pc.cast(names, pa.string())
+        if names.null_count:
+            names = pc.if_else(names.is_null(), slot_names.take(pa.array(pos)), names)
+    else:
+        names = slot_names.take(pa.array(pos))
+
+    source_pos = pos
+    if extra.any():
+        # empty slots: copies of the row's first camera, named as TokenSpec.empty_slot_names names them
+        e_parent = np.repeat(np.arange(n), extra)
+        e_start = np.concatenate([[0], np.cumsum(extra)[:-1]])
+        e_rank = np.arange(len(e_parent)) - np.repeat(e_start, extra)
+        e_pos = counts[e_parent] + e_rank
+        first = offsets[:-1][e_parent]
+        e_names = _empty_slot_names_np(spec, names, parent, n, e_parent, e_rank, e_pos)
+        parent = np.concatenate([parent, e_parent])
+        source_pos = np.concatenate([pos, np.zeros(len(e_parent), np.int64)])
+        pos = np.concatenate([pos, e_pos])
+        f, h, w = (np.concatenate([a, a[first]]) for a in (f, h, w))
+        names = pa.concat_arrays([names, e_names])
+
+    def small_labels(k: int, fld: str) -> str:
+        return f"{cols.cameras}[{int(source_pos[k])}].{fld}"
+
+    tokens = _element_tokens(spec, {}, pos, names, f, h, w, problems, parent, small_labels)
+    vision = _sum_by_row(parent, tokens, n)
+    real = int(counts.sum())  # elements before the appended empty slots
+    max_frames = np.zeros(n, dtype=np.int64)
+    np.maximum.at(max_frames, parent[:real], f[:real])
+    lists = None
+    if per_camera:
+        order = np.lexsort((pos, parent))
+        lengths = counts + extra
+        lists = pa.ListArray.from_arrays(
+            pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)), pa.array(tokens[order])
+        )
+    return vision, lists, max_frames
+
+
+def _sum_by_row(parent: np.ndarray, tokens: np.ndarray, n: int) -> np.ndarray:
+    """Each row's sum of its elements' tokens, exact in int64."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    if int(tokens.sum()) < 2**53:  # every partial sum is then exact in float64: bincount's fast path
+        return np.bincount(parent, weights=tokens, minlength=n).astype(np.int64)
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, parent, tokens)
+    return out
+
+
+def _empty_slot_names_np(spec: TokenSpec, names: pa.Array, parent: np.ndarray, n: int, e_parent: np.ndarray,
+                         e_rank: np.ndarray, e_pos: np.ndarray) -> pa.Array:
+    """The vectorised :meth:`TokenSpec.empty_slot_names`: the e-th empty slot of a row takes the
+    e-th of ``camera_names`` its real cameras (``names``, by element) do not use, else the name of
+    its position."""
+    k = len(spec.camera_names)
+    candidates = [*spec.camera_names, *(spec.slot_name(j) for j in range(int(e_pos.max(initial=0)) + 1))]
+    idx = k + e_pos  # the position's name
+    if k:
+        used = np.zeros((n, k), dtype=bool)
+        for j, name in enumerate(spec.camera_names):
+            used[parent[np.asarray(pc.equal(names, name).fill_null(False))], j] = True
+        free_first = np.argsort(used, axis=1, kind="stable")  # per row, unused names first, in order
+        n_free = k - used.sum(axis=1)
+        take = e_rank < n_free[e_parent]
+        idx = np.where(take, free_first[e_parent, np.minimum(e_rank, k - 1)], idx)
+    return pa.array(candidates).take(pa.array(idx))
+
+
+class _LazyLabels(Sequence[str]):
+    """``cameras[j].field`` labels, built only for the entries an error or a rejection names."""
+
+    def __init__(self, pos: np.ndarray, cameras: str, fld: str) -> None:
+        self.pos, self.cameras, self.fld = pos, cameras, fld
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    def __getitem__(self, k: Any) -> Any:
+        return f"{self.cameras}[{int(self.pos[k])}].{self.fld}"
