@@ -19,6 +19,7 @@ setup: $(STAMP)
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 
 typecheck: setup
 	$(BIN)/mypy

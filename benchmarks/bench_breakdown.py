@@ -52,9 +52,13 @@ def best_of(repeat: int, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
-    parser.add_argument("--loop-rows", type=int, default=1_000_000,
-                        help="the first N of the same rows go through the per-row loop (0 = all); "
-                             "its rate is per row either way, and all 10M take minutes")
+    parser.add_argument(
+        "--loop-rows",
+        type=int,
+        default=1_000_000,
+        help="the first N of the same rows go through the per-row loop (0 = all); "
+        "its rate is per row either way, and all 10M take minutes",
+    )
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
 
@@ -98,8 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     for batch in table.slice(0, loop_rows).to_batches(max_chunksize=100_000):
         for r in batch.to_pylist():
             patches = -(-r["height"] // 14) * -(-r["width"] // 14)
-            bare_total += (r["cameras"] * r["frames"] * patches + r["text_tokens"] + r["proprio_tokens"]
-                           + r["action_tokens"] + r["memory_tokens"])
+            bare_total += (
+                r["cameras"] * r["frames"] * patches
+                + r["text_tokens"]
+                + r["proprio_tokens"]
+                + r["action_tokens"]
+                + r["memory_tokens"]
+            )
     t_bare = time.perf_counter() - start
     assert bare_total == loop_total
 
@@ -112,14 +121,18 @@ def main(argv: list[str] | None = None) -> int:
         ("per-row Python loop (breakdown_sample)", loop_rows, t_loop, rate_loop),
         ("bare formula loop, no validation (reference)", loop_rows, t_bare, loop_rows / t_bare),
     ]
-    print(f"\nmixture A, {n:,} rows, one core, python {sys.version.split()[0]}, "
-          f"numpy {np.__version__}, pyarrow {pa.__version__}, {os.cpu_count()} CPUs visible\n")
+    print(
+        f"\nmixture A, {n:,} rows, one core, python {sys.version.split()[0]}, "
+        f"numpy {np.__version__}, pyarrow {pa.__version__}, {os.cpu_count()} CPUs visible\n"
+    )
     print("| path | rows | seconds | rows/s | × per-row loop |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, count, seconds, rate in rows:
         print(f"| {name} | {count:,} | {seconds:.2f} | {rate / 1e6:.2f} M | {rate / rate_loop:,.0f}× |")
-    print(f"\nL_total over {n:,} rows: p50 {int(np.percentile(totals, 50)):,}, "
-          f"p99 {int(np.percentile(totals, 99)):,}, max {int(totals.max()):,}")
+    print(
+        f"\nL_total over {n:,} rows: p50 {int(np.percentile(totals, 50)):,}, "
+        f"p99 {int(np.percentile(totals, 99)):,}, max {int(totals.max()):,}"
+    )
     return 0
 
 

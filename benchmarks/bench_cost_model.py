@@ -45,11 +45,22 @@ def main(argv: list[str] | None = None) -> int:
         ["flash", "eager"], ["bf16", "amp"], ["none", "full"], [False, True]
     ):
         for d, length, b in itertools.product(dims, lengths, batches):
-            spec = ModelSpec(hidden=d, layers=args.layers, heads=d // 64, precision=precision, attention=attention,
-                             checkpointing=ckpt, gated_mlp=gated)
+            spec = ModelSpec(
+                hidden=d,
+                layers=args.layers,
+                heads=d // 64,
+                precision=precision,
+                attention=attention,
+                checkpointing=ckpt,
+                gated_mlp=gated,
+            )
             dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-            measured = profile_memory(lambda spec=spec: ReferenceTransformer(spec),
-                                      lambda bb, n, d=d, dtype=dtype: torch.empty(bb, n, d, dtype=dtype), b, length).peak
+            measured = profile_memory(
+                lambda spec=spec: ReferenceTransformer(spec),
+                lambda bb, n, d=d, dtype=dtype: torch.empty(bb, n, d, dtype=dtype),
+                b,
+                length,
+            ).peak
             predicted = CostModel(spec).memory(b, length).total
             results[(attention, precision, ckpt, "swiglu" if gated else "gelu")].append(predicted / measured - 1)
     seconds = time.perf_counter() - start

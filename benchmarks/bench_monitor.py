@@ -32,16 +32,38 @@ from tokenbucket.train.collate import BatchInfo
 
 
 def plan_and_batches(buckets: int = 8) -> tuple[BucketPlan, list[dict[str, Any]]]:
-    plan = BucketPlan(mode="static", budget_bytes=80 * 2**30, buckets=tuple(
-        Bucket(bound=1024 * (k + 1), batch_size=64 // (k + 1), samples=1000, batches=100, tokens=10**6,
-               padded_tokens=10**6, predicted_peak_bytes=60 * 2**30, fill=0.75, padding_efficiency=0.97,
-               step_seconds=0.1) for k in range(buckets)))
+    plan = BucketPlan(
+        mode="static",
+        budget_bytes=80 * 2**30,
+        buckets=tuple(
+            Bucket(
+                bound=1024 * (k + 1),
+                batch_size=64 // (k + 1),
+                samples=1000,
+                batches=100,
+                tokens=10**6,
+                padded_tokens=10**6,
+                predicted_peak_bytes=60 * 2**30,
+                fill=0.75,
+                padding_efficiency=0.97,
+                step_seconds=0.1,
+            )
+            for k in range(buckets)
+        ),
+    )
     out = []
     for k, b in enumerate(plan.buckets):
         n = b.batch_size
-        info = BatchInfo(bucket=k, shape=(n, b.bound), keys=tuple(f"ep{k}_{i}" for i in range(n)),
-                         tokens={"vision": n * b.bound // 2, "text": 100 * n}, real_tokens=n * b.bound * 9 // 10,
-                         padded_tokens=n * b.bound, predicted_peak_bytes=60 * 2**30, risk=0.75)
+        info = BatchInfo(
+            bucket=k,
+            shape=(n, b.bound),
+            keys=tuple(f"ep{k}_{i}" for i in range(n)),
+            tokens={"vision": n * b.bound // 2, "text": 100 * n},
+            real_tokens=n * b.bound * 9 // 10,
+            padded_tokens=n * b.bound,
+            predicted_peak_bytes=60 * 2**30,
+            risk=0.75,
+        )
         out.append({"tokens": torch.zeros(1), "info": info})
     return plan, out
 

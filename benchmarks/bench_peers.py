@@ -215,8 +215,12 @@ finish(batches, [(b.batch_size, b.bound)] * len(batches), t_build, t_iter)
 """,
 }
 
-PEERS = {"HF LengthGroupedSampler (fits p99)": "transformers", "HF LengthGroupedSampler (fits median)": "transformers",
-         "lhotse DynamicBucketingSampler": "lhotse", "lhotse + per-bucket batch sizes": "lhotse"}
+PEERS = {
+    "HF LengthGroupedSampler (fits p99)": "transformers",
+    "HF LengthGroupedSampler (fits median)": "transformers",
+    "lhotse DynamicBucketingSampler": "lhotse",
+    "lhotse + per-bucket batch sizes": "lhotse",
+}
 
 
 def run_strategy(code: str, lengths_path: Path, attention: str, out: Path) -> dict[str, float]:
@@ -235,9 +239,13 @@ def score(lengths: np.ndarray, npz: Path, cost: CostModel, budget: int) -> dict[
     if len(np.unique(flat)) != len(flat) or len(flat) != len(lengths):
         raise AssertionError(f"{npz.name}: the batches do not hold every sample exactly once")
     peaks = np.array([cost.memory(int(b), int(n)).total for b, n in shapes.tolist()], dtype=np.float64)
-    return {"batches": len(shapes), "padding_efficiency": float(lengths.sum()) / float((shapes[:, 0] * shapes[:, 1]).sum()),
-            "mean_fill": float((peaks / budget).mean()), "over_budget": int((peaks > budget).sum()),
-            "shapes": len({tuple(s) for s in shapes.tolist()})}
+    return {
+        "batches": len(shapes),
+        "padding_efficiency": float(lengths.sum()) / float((shapes[:, 0] * shapes[:, 1]).sum()),
+        "mean_fill": float((peaks / budget).mean()),
+        "over_budget": int((peaks > budget).sum()),
+        "shapes": len({tuple(s) for s in shapes.tolist()}),
+    }
 
 
 def main() -> int:
@@ -246,8 +254,10 @@ def main() -> int:
     all_lengths = breakdown_table(mixture_a(N, seed=0), TokenSpec(patch=14)).totals
     budget = gpu_budget_bytes(GPU)
     print(f"mixture A, {N:,} samples; design-24L-1024, bf16 training, {GPU} budget {budget / 2**30:.2f} GiB\n")
-    print("| attention | strategy | batches | padding efficiency | mean fill | over budget | shapes | build s "
-          "| iterate s | peak MiB |")
+    print(
+        "| attention | strategy | batches | padding efficiency | mean fill | over budget | shapes | build s "
+        "| iterate s | peak MiB |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for attention in ("flash", "eager"):
@@ -268,14 +278,21 @@ def main() -> int:
                     print(f"| {attention} | {name} | failed: {str(exc)[:120]} |||||||||")
                     continue
                 r = score(lengths, out, cost, budget)
-                print(f"| {attention} | {name} | {r['batches']:,} | {r['padding_efficiency']:.3f} | "
-                      f"{r['mean_fill']:.3f} | {r['over_budget']:,} | {r['shapes']:,} | {timing['build']:.2f} | "
-                      f"{timing['iterate']:.2f} | {timing['peak_mib']:,.0f} |", flush=True)
-            print(f"| {attention} | (removed first: fit not even alone) | {int((~fits).sum()):,} samples "
-                  f"|||||||||", flush=True)
+                print(
+                    f"| {attention} | {name} | {r['batches']:,} | {r['padding_efficiency']:.3f} | "
+                    f"{r['mean_fill']:.3f} | {r['over_budget']:,} | {r['shapes']:,} | {timing['build']:.2f} | "
+                    f"{timing['iterate']:.2f} | {timing['peak_mib']:,.0f} |",
+                    flush=True,
+                )
+            print(
+                f"| {attention} | (removed first: fit not even alone) | {int((~fits).sum()):,} samples |||||||||",
+                flush=True,
+            )
             fixed = [max(1, cost.max_batch(int(q), budget)) for q in np.percentile(lengths, [99, 50])]
-            print(f"| {attention} | (fixed batch sizes: fits p99 = {fixed[0]}, fits median = {fixed[1]}) "
-                  f"|||||||||", flush=True)
+            print(
+                f"| {attention} | (fixed batch sizes: fits p99 = {fixed[0]}, fits median = {fixed[1]}) |||||||||",
+                flush=True,
+            )
     return 0
 
 

@@ -54,8 +54,13 @@ def fixed_bounds(lengths: np.ndarray, bounds: np.ndarray, cost: CostModel, budge
         padded += nb * b * u
         seconds += nb * cost.step_seconds(b, u)
         over += nb if cost.memory(b, u).total > budget else 0
-    return {"batches": batches, "padding_efficiency": float(lengths.sum()) / padded, "seconds": seconds,
-            "over_budget": over, "shapes": len(bounds)}
+    return {
+        "batches": batches,
+        "padding_efficiency": float(lengths.sum()) / padded,
+        "seconds": seconds,
+        "over_budget": over,
+        "shapes": len(bounds),
+    }
 
 
 def oracle(lengths: np.ndarray, cost: CostModel, budget: int) -> dict[str, float]:
@@ -76,7 +81,9 @@ def quality() -> None:
     lengths = breakdown_table(mixture_a(200_000, seed=0), TokenSpec(patch=14)).totals
     budget = gpu_budget_bytes("H100-SXM")
     print(f"mixture A, 200,000 samples; design-24L-1024 bf16 training; H100-SXM budget {budget / 2**30:.1f} GiB\n")
-    print("| attention | method | shapes | batches | vs oracle | padding efficiency | predicted epoch h | over budget |")
+    print(
+        "| attention | method | shapes | batches | vs oracle | padding efficiency | predicted epoch h | over budget |"
+    )
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for attention in ("flash", "eager"):
         cost = CostModel(dataclasses.replace(ModelSpec.preset("design-24L-1024"), attention=attention), "H100-SXM")
@@ -97,11 +104,17 @@ def quality() -> None:
             seconds = s.get("predicted_epoch_seconds", s.get("seconds", 0.0))
             over = s.get("over_budget_batches", s.get("over_budget", 0))
             shapes = s["shapes"] if s["shapes"] is not None else "dynamic"
-            print(f"| {attention} | {name} | {shapes} | {s['batches']:,} | {s['batches'] / orc['batches'] - 1:+.1%} | "
-                  f"{s['padding_efficiency']:.3f} | {seconds / 3600:,.2f} | {over} |")
-        print(f"| {attention} | sort-all oracle | — | {orc['batches']:,} | 0 | {orc['padding_efficiency']:.3f} | — | 0 |")
-        print(f"| {attention} | (rejected: fit not even alone) | | {static.oversize.get('count', 0):,} samples "
-              f"> {static.oversize.get('longest_fitting', 0):,} tokens | | | | |")
+            print(
+                f"| {attention} | {name} | {shapes} | {s['batches']:,} | {s['batches'] / orc['batches'] - 1:+.1%} | "
+                f"{s['padding_efficiency']:.3f} | {seconds / 3600:,.2f} | {over} |"
+            )
+        print(
+            f"| {attention} | sort-all oracle | — | {orc['batches']:,} | 0 | {orc['padding_efficiency']:.3f} | — | 0 |"
+        )
+        print(
+            f"| {attention} | (rejected: fit not even alone) | | {static.oversize.get('count', 0):,} samples "
+            f"> {static.oversize.get('longest_fitting', 0):,} tokens | | | | |"
+        )
 
 
 def speed(rows: int) -> None:
@@ -136,10 +149,14 @@ def speed(rows: int) -> None:
     print("\n| step | rows | seconds | rows/s |")
     print("| --- | ---: | ---: | ---: |")
     print(f"| histogram + plan (lengths in memory) | {rows:,} | {t_plan:.2f} | {rows / t_plan / 1e6:.1f} M |")
-    print(f"| build manifest from Parquet (2 passes, write, rename) | {rows:,} | {t_build:.2f} | "
-          f"{rows / t_build / 1e6:.2f} M |")
-    print(f"\npeak resident memory of the manifest build: {peak_mib:,.0f} MiB for {rows:,} rows "
-          f"(input read in 1M-row batches; output {(DATA / 'manifest.parquet').stat().st_size / 2**20:,.0f} MiB)")
+    print(
+        f"| build manifest from Parquet (2 passes, write, rename) | {rows:,} | {t_build:.2f} | "
+        f"{rows / t_build / 1e6:.2f} M |"
+    )
+    print(
+        f"\npeak resident memory of the manifest build: {peak_mib:,.0f} MiB for {rows:,} rows "
+        f"(input read in 1M-row batches; output {(DATA / 'manifest.parquet').stat().st_size / 2**20:,.0f} MiB)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,12 +34,15 @@ print(json.dumps(plan.batch_sizes.tolist()))
 
 _HWM = 'int([l for l in open("/proc/self/status") if l.startswith("{key}")][0].split()[1]) / 1024'
 
-TOKENBUCKET = """
+TOKENBUCKET = (
+    """
 import json, time
 import numpy as np
 from tokenbucket.train.sampler import BucketBatchSampler, plan_id_of
 buckets = np.load({buckets_path!r})
-base = """ + _HWM.format(key="VmRSS") + """
+base = """
+    + _HWM.format(key="VmRSS")
+    + """
 start = time.perf_counter()
 sampler = BucketBatchSampler(buckets, {sizes}, plan_id=plan_id_of("bench"), seed=0)
 steps = len(sampler)
@@ -47,11 +50,15 @@ t_build = time.perf_counter() - start
 start = time.perf_counter()
 count = sum(1 for _ in sampler)
 t_iter = time.perf_counter() - start
-print(json.dumps({{"build": t_build, "iterate": t_iter, "batches": count, "peak_mib": """ + _HWM.format(key="VmHWM") + """,
+print(json.dumps({{"build": t_build, "iterate": t_iter, "batches": count, "peak_mib": """
+    + _HWM.format(key="VmHWM")
+    + """,
                   "base_mib": base}}))
 """
+)
 
-LHOTSE = """
+LHOTSE = (
+    """
 import json, time, warnings
 warnings.simplefilter("ignore")
 import numpy as np
@@ -59,7 +66,9 @@ from lhotse import CutSet
 from lhotse.dataset.sampling import DynamicBucketingSampler
 from lhotse.testing.dummies import dummy_cut
 lengths = np.load({lengths_path!r})
-base = """ + _HWM.format(key="VmRSS") + """
+base = """
+    + _HWM.format(key="VmRSS")
+    + """
 start = time.perf_counter()
 cuts = CutSet.from_cuts(dummy_cut(i, duration=float(l) / 100) for i, l in enumerate(lengths.tolist()))
 t_cuts = time.perf_counter() - start
@@ -67,9 +76,12 @@ start = time.perf_counter()
 sampler = DynamicBucketingSampler(cuts, max_duration=70_000 / 100 * 4, num_buckets=32, shuffle=True, seed=0)
 count = sum(1 for _ in sampler)
 t_all = time.perf_counter() - start
-print(json.dumps({{"cuts": t_cuts, "epoch": t_all, "batches": count, "peak_mib": """ + _HWM.format(key="VmHWM") + """,
+print(json.dumps({{"cuts": t_cuts, "epoch": t_all, "batches": count, "peak_mib": """
+    + _HWM.format(key="VmHWM")
+    + """,
                   "base_mib": base}}))
 """
+)
 
 
 def run(code: str) -> dict[str, float]:
@@ -98,18 +110,24 @@ def main() -> int:
                 lhotse = run(LHOTSE.format(lengths_path=lengths_path))
                 lhotse["build"], lhotse["iterate"] = 0.0, lhotse["epoch"]
                 rows.append(("lhotse DynamicBucketingSampler, 2M", lhotse))
-    print("| sampler, samples | build epoch s | iterate epoch s | total s | batches | µs per batch "
-          "| peak MiB | peak − imports MiB |")
+    print(
+        "| sampler, samples | build epoch s | iterate epoch s | total s | batches | µs per batch "
+        "| peak MiB | peak − imports MiB |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in rows:
         total = r["build"] + r["iterate"]
-        print(f"| {name} | {r['build']:.2f} | {r['iterate']:.2f} | {total:.2f} | {int(r['batches']):,} | "
-              f"{r['iterate'] / r['batches'] * 1e6:.1f} | {r['peak_mib']:,.0f} | {r['peak_mib'] - r['base_mib']:,.0f} |")
+        print(
+            f"| {name} | {r['build']:.2f} | {r['iterate']:.2f} | {total:.2f} | {int(r['batches']):,} | "
+            f"{r['iterate'] / r['batches'] * 1e6:.1f} | {r['peak_mib']:,.0f} | {r['peak_mib'] - r['base_mib']:,.0f} |"
+        )
     if lhotse is not None:
         tb = rows[0][1]
-        print(f"\nat 2M samples: tokenbucket {lhotse['epoch'] / (tb['build'] + tb['iterate']):,.0f}x faster per epoch, "
-              f"{(lhotse['peak_mib'] - lhotse['base_mib']) / (tb['peak_mib'] - tb['base_mib']):,.0f}x less memory "
-              f"above the imports (lhotse's CutSet took {lhotse['cuts']:.1f} s more to build, not counted)")
+        print(
+            f"\nat 2M samples: tokenbucket {lhotse['epoch'] / (tb['build'] + tb['iterate']):,.0f}x faster per epoch, "
+            f"{(lhotse['peak_mib'] - lhotse['base_mib']) / (tb['peak_mib'] - tb['base_mib']):,.0f}x less memory "
+            f"above the imports (lhotse's CutSet took {lhotse['cuts']:.1f} s more to build, not counted)"
+        )
     return 0
 
 

@@ -54,19 +54,30 @@ def write(root: Path, n: int, shards: int) -> tuple[list[str], np.ndarray]:
         urls.append(url)
         with wds.TarWriter(url) as sink:
             for i in range(s * per, min(n, (s + 1) * per)):
-                sink.write({"__key__": rows[i]["key"], "json": json.dumps(rows[i]).encode(),
-                            "tokens.npy": np.zeros((int(lengths[i]), 4), np.float32)})
+                sink.write(
+                    {
+                        "__key__": rows[i]["key"],
+                        "json": json.dumps(rows[i]).encode(),
+                        "tokens.npy": np.zeros((int(lengths[i]), 4), np.float32),
+                    }
+                )
     return urls, lengths
 
 
 def plain(urls: list[str], batch: int) -> Any:
-    return (wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode(only=["tokens.npy"])
-            .batched(batch, collation_fn=None))
+    return (
+        wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+        .decode(only=["tokens.npy"])
+        .batched(batch, collation_fn=None)
+    )
 
 
 def staged(urls: list[str], plan: Any) -> Any:
-    return (wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode(only=["tokens.npy"])
-            .compose(bucketed(plan, SPEC, max_buffered=4096)))
+    return (
+        wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+        .decode(only=["tokens.npy"])
+        .compose(bucketed(plan, SPEC, max_buffered=4096))
+    )
 
 
 def run(pipeline: Any) -> tuple[float, list[tuple[int, int, int]]]:
@@ -111,21 +122,29 @@ def main() -> None:
             for _batch in StreamBucketer(plan, SPEC, max_buffered=4096)(decoded):
                 pass
             alone = min(alone, time.perf_counter() - start)
-    print(f"{args.samples:,} samples in {args.shards} shards; budget {BUDGET / 2**20:.0f} MiB; plain batch size "
-          f"{batch} (fits the p99 sample, {p99} tokens); tokenbucket: {len(plan.buckets)} static buckets\n")
+    print(
+        f"{args.samples:,} samples in {args.shards} shards; budget {BUDGET / 2**20:.0f} MiB; plain batch size "
+        f"{batch} (fits the p99 sample, {p99} tokens); tokenbucket: {len(plan.buckets)} static buckets\n"
+    )
     print("| pipeline | samples/s | batches | padding efficiency | mean fill | over budget |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, sh in shapes.items():
         real = sum(r for _, _, r in sh)
         padded = sum(b * n for b, n, _ in sh)
         fills = [COST.memory(b, n).total / BUDGET for b, n, _ in sh]
-        print(f"| {name} | {args.samples / best[name]:,.0f} | {len(sh):,} | {real / padded:.3f} | "
-              f"{np.mean(fills):.3f} | {sum(f > 1 for f in fills):,} |")
+        print(
+            f"| {name} | {args.samples / best[name]:,.0f} | {len(sh):,} | {real / padded:.3f} | "
+            f"{np.mean(fills):.3f} | {sum(f > 1 for f in fills):,} |"
+        )
     per_sample = best["plain"] / args.samples
-    print(f"\nstage overhead, paired runs: median {np.median(ratios) - 1:+.1%} (from {min(ratios) - 1:+.1%} to "
-          f"{max(ratios) - 1:+.1%} over {args.repeats} pairs)")
-    print(f"the stage alone (decoded samples in memory): {alone / args.samples * 1e6:.1f} us a sample = "
-          f"{alone / args.samples / per_sample:.1%} of the plain pipeline's {per_sample * 1e6:.0f} us a sample")
+    print(
+        f"\nstage overhead, paired runs: median {np.median(ratios) - 1:+.1%} (from {min(ratios) - 1:+.1%} to "
+        f"{max(ratios) - 1:+.1%} over {args.repeats} pairs)"
+    )
+    print(
+        f"the stage alone (decoded samples in memory): {alone / args.samples * 1e6:.1f} us a sample = "
+        f"{alone / args.samples / per_sample:.1%} of the plain pipeline's {per_sample * 1e6:.0f} us a sample"
+    )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,10 @@ def main() -> int:
         return 2
     name = torch.cuda.get_device_name()
     print(f"{name}, torch {torch.__version__}\n")
-    print("| D | layers | precision | attention | ckpt | B | L | analytic GiB | fake GiB | CUDA GiB "
-          "| analytic/CUDA | fake/CUDA |")
+    print(
+        "| D | layers | precision | attention | ckpt | B | L | analytic GiB | fake GiB | CUDA GiB "
+        "| analytic/CUDA | fake/CUDA |"
+    )
     print("| ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     start = time.perf_counter()
     for d, n, h, prec, att, ckpt, b, length in CONFIGS:
@@ -58,11 +60,15 @@ def main() -> int:
             cuda = profile_memory(factory, make_batch, b, length, device="cuda").peak
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
-            print(f"| {d} | {n} | {prec} | {att} | {ckpt} | {b} | {length} | {analytic / 2**30:.2f} | "
-                  f"{fake / 2**30:.2f} | OOM | | |")
+            print(
+                f"| {d} | {n} | {prec} | {att} | {ckpt} | {b} | {length} | {analytic / 2**30:.2f} | "
+                f"{fake / 2**30:.2f} | OOM | | |"
+            )
             continue
-        print(f"| {d} | {n} | {prec} | {att} | {ckpt} | {b} | {length} | {analytic / 2**30:.2f} | "
-              f"{fake / 2**30:.2f} | {cuda / 2**30:.2f} | {analytic / cuda:.3f} | {fake / cuda:.3f} |")
+        print(
+            f"| {d} | {n} | {prec} | {att} | {ckpt} | {b} | {length} | {analytic / 2**30:.2f} | "
+            f"{fake / 2**30:.2f} | {cuda / 2**30:.2f} | {analytic / cuda:.3f} | {fake / cuda:.3f} |"
+        )
     print(f"\n{time.perf_counter() - start:.0f} s")
     return 0
 

@@ -43,8 +43,11 @@ def main() -> int:
         print("no CUDA device: this check needs a GPU (or --device cpu for a smoke test)", file=sys.stderr)
         return 2
     cpu = args.device == "cpu"
-    spec = (ModelSpec(hidden=64, layers=2, heads=4, precision="fp32", attention="eager") if cpu else
-            ModelSpec(hidden=1024, layers=8, heads=16, precision="bf16", attention="flash"))
+    spec = (
+        ModelSpec(hidden=64, layers=2, heads=4, precision="fp32", attention="eager")
+        if cpu
+        else ModelSpec(hidden=1024, layers=8, heads=16, precision="bf16", attention="flash")
+    )
     budget = int((0.05 if cpu else args.budget_gib) * 2**30)
     token_spec = TokenSpec(patch=112 if cpu else 14)
     cost = CostModel(spec)
@@ -53,20 +56,34 @@ def main() -> int:
     model = ReferenceTransformer(spec, device=args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     dtype = torch.float32 if cpu else torch.bfloat16
-    monitor = BucketMonitor(plan, sinks=["gpu_check_monitor.jsonl"], memory=None if cpu else CudaMemory(),
-                            cost_model=cost, drift_margin=0.05)
+    monitor = BucketMonitor(
+        plan,
+        sinks=["gpu_check_monitor.jsonl"],
+        memory=None if cpu else CudaMemory(),
+        cost_model=cost,
+        drift_margin=0.05,
+    )
     device = "CPU" if cpu else torch.cuda.get_device_name()
-    print(f"{device}, torch {torch.__version__}; hidden {spec.hidden}, {spec.layers} layers, {spec.precision}, "
-          f"{spec.attention}; budget {budget / 2**30:.2f} GiB, {len(plan.buckets)} buckets\n")
+    print(
+        f"{device}, torch {torch.__version__}; hidden {spec.hidden}, {spec.layers} layers, {spec.precision}, "
+        f"{spec.attention}; budget {budget / 2**30:.2f} GiB, {len(plan.buckets)} buckets\n"
+    )
     start = time.perf_counter()
     for k, b in enumerate(plan.buckets):
         for _ in range(args.steps):
             x = torch.randn(b.batch_size, b.bound, spec.hidden, device=args.device, dtype=dtype)
             predicted = int(cost.memory(b.batch_size, b.bound).total)
             tokens = b.batch_size * b.bound
-            info = BatchInfo(bucket=k, shape=(b.batch_size, b.bound), keys=(), tokens={}, real_tokens=tokens,
-                             padded_tokens=tokens, predicted_peak_bytes=predicted,
-                             risk=predicted / budget)
+            info = BatchInfo(
+                bucket=k,
+                shape=(b.batch_size, b.bound),
+                keys=(),
+                tokens={},
+                real_tokens=tokens,
+                padded_tokens=tokens,
+                predicted_peak_bytes=predicted,
+                risk=predicted / budget,
+            )
             with monitor.step(info, x):
                 model(x).float().pow(2).mean().backward()
                 opt.step()
@@ -79,8 +96,9 @@ def main() -> int:
         b = plan.buckets[row["bucket"]]
         pred, meas, res = row["predicted_peak_bytes"], row["measured_peak_bytes"], row["reserved_peak_bytes"]
         cells = [gib(pred), gib(meas), gib(res), "-" if meas is None else f"{meas / pred:.3f}"]
-        print(f"| {row['bucket']} | {b.batch_size} | {b.bound} | {' | '.join(cells)} | "
-              f"{row['latency_p50_s'] * 1e3:.1f} |")
+        print(
+            f"| {row['bucket']} | {b.batch_size} | {b.bound} | {' | '.join(cells)} | {row['latency_p50_s'] * 1e3:.1f} |"
+        )
     rec = monitor.recalibration()
     print(f"\nrecalibration: {rec}\n{time.perf_counter() - start:.0f} s; the run log is gpu_check_monitor.jsonl")
     return 0

@@ -1,6 +1,6 @@
 """Quickstart: count every sample's tokens from metadata, then look at the tail.
 
-    python examples/count_tokens.py
+python examples/count_tokens.py
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ def main() -> None:
         )
         result = breakdown_table(read_metadata(path), spec, on_invalid="reject")
         summary = result.summary()
-        print(f"{summary['count']:,} samples, {summary['rejected']} rejected; L_total p50 {summary['p50']:,}, "
-              f"p99 {summary['p99']:,}, max {summary['max']:,}")
+        print(
+            f"{summary['count']:,} samples, {summary['rejected']} rejected; L_total p50 {summary['p50']:,}, "
+            f"p99 {summary['p99']:,}, max {summary['max']:,}"
+        )
         print("share of tokens:", {k: f"{v:.1%}" for k, v in summary["share"].items()})
 
 

@@ -51,13 +51,17 @@ def main(root: Path, *, delta_timestamps: dict[str, list[float]] | None = None) 
     cost = CostModel(ModelSpec.preset("design-24L-1024"), "H100-SXM")
     plan = plan_buckets(lengths, cost, gpu_budget_bytes("H100-SXM"), max_buckets=8, on_oversize="reject")
     cams = ", ".join(f"{c.name} {c.height}x{c.width}" for c in meta.info.cameras)
-    print(f"{root}: {rows.num_rows:,} samples (frames) in {len(meta.episode_index)} episodes at {meta.info.fps:g} fps; "
-          f"cameras {cams}")
+    print(
+        f"{root}: {rows.num_rows:,} samples (frames) in {len(meta.episode_index)} episodes at {meta.info.fps:g} fps; "
+        f"cameras {cams}"
+    )
     print(f"tokens per sample: {int(lengths.min()):,} .. {int(lengths.max()):,}\n")
     print(f"{'bucket':>6} {'bound':>8} {'batch':>6} {'samples':>8} {'batches':>8} {'peak GiB':>9} {'pad eff':>8}")
     for k, b in enumerate(plan.buckets):
-        print(f"{k:>6} {b.bound:>8,} {b.batch_size:>6} {b.samples:>8,} {b.batches:>8,} "
-              f"{b.predicted_peak_bytes / 2**30:>9.2f} {b.padding_efficiency:>8.3f}")
+        print(
+            f"{k:>6} {b.bound:>8,} {b.batch_size:>6} {b.samples:>8,} {b.batches:>8,} "
+            f"{b.predicted_peak_bytes / 2**30:>9.2f} {b.padding_efficiency:>8.3f}"
+        )
     return plan
 
 

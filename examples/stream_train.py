@@ -55,13 +55,21 @@ def main(root: Path, *, num_workers: int = 2, steps: int = 12) -> float:
     # 1. the shards' metadata alone: every sample's token count, per shard, in order
     index = index_shards(urls, SPEC)
     # 2. a plan from those counts (too-long samples are rejected by the stage, with their keys)
-    plan = plan_buckets(np.concatenate([np.asarray(n) for n in index.lengths]), cost, budget, max_buckets=4,
-                        multiple=16, on_oversize="reject")
+    plan = plan_buckets(
+        np.concatenate([np.asarray(n) for n in index.lengths]),
+        cost,
+        budget,
+        max_buckets=4,
+        multiple=16,
+        on_oversize="reject",
+    )
     # 3. every worker emits the same number of batches: equal steps on every rank, none left out
     stage = index.bucketed(plan, SPEC, num_workers=num_workers, max_buffered=256, rejected=str(root / "rejected.jsonl"))
-    data = (wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node, empty_check=False)
-            .decode(only=["tokens.npy"])  # the .json is the stage's to read (and reject)
-            .compose(stage))
+    data = (
+        wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node, empty_check=False)
+        .decode(only=["tokens.npy"])  # the .json is the stage's to read (and reject)
+        .compose(stage)
+    )
     # 4. padded to the bucket's shape, with masks and a BatchInfo for the monitor
     loader = DataLoader(data, batch_size=None, num_workers=num_workers, collate_fn=StreamCollate("tokens.npy"))
 
@@ -89,8 +97,10 @@ def main(root: Path, *, num_workers: int = 2, steps: int = 12) -> float:
                 break
             loss = train(batch)
             info = batch["info"]
-            print(f"step {step}: bucket {info.bucket} {info.shape} real {info.real_tokens}/{info.padded_tokens} "
-                  f"tokens, loss {loss:.3f}")
+            print(
+                f"step {step}: bucket {info.bucket} {info.shape} real {info.real_tokens}/{info.padded_tokens} "
+                f"tokens, loss {loss:.3f}"
+            )
         print(format_summary(monitor.summary()))
     return loss
 

@@ -89,9 +89,11 @@ def main(steps: int = 6, log: Path = Path("runs/train_tiny.jsonl")) -> float:
                 break
             loss = train(batch)
             info = batch["info"]
-            print(f"step {step}: bucket {info.bucket} shape {info.shape} real {info.real_tokens}/"
-                  f"{info.padded_tokens} tokens, predicted peak {info.predicted_peak_bytes / 2**20:.1f} MiB "
-                  f"(risk {info.risk:.2f}), loss {loss:.3f}")
+            print(
+                f"step {step}: bucket {info.bucket} shape {info.shape} real {info.real_tokens}/"
+                f"{info.padded_tokens} tokens, predicted peak {info.predicted_peak_bytes / 2**20:.1f} MiB "
+                f"(risk {info.risk:.2f}), loss {loss:.3f}"
+            )
         print(format_summary(monitor.summary()))
     print(f"run log: {log}")
     return loss

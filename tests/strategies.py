@@ -34,8 +34,12 @@ def camera_fields(draw: st.DrawFn) -> dict[str, Any]:
 
 
 rules = st.one_of(
-    st.builds(CountRule, column=st.sampled_from(["text_tokens", "action_tokens"]), optional=st.booleans(),
-              tokens_per_unit=st.integers(0, 3)),
+    st.builds(
+        CountRule,
+        column=st.sampled_from(["text_tokens", "action_tokens"]),
+        optional=st.booleans(),
+        tokens_per_unit=st.integers(0, 3),
+    ),
     st.builds(CountRule, count=st.integers(0, 100), tokens_per_unit=st.integers(0, 3)),
     st.builds(CountRule, column=st.just("frames"), tokens_per_unit=st.integers(1, 2)),
 )
@@ -65,7 +69,10 @@ def counts(lo: int, hi: int, *, bad: bool) -> st.SearchStrategy[Any]:
     if not bad:
         return good
     return st.one_of(
-        good, good, good, good,
+        good,
+        good,
+        good,
+        good,
         st.none(),
         st.just(float("nan")),
         st.integers(-5, lo - 1) if lo > -5 else st.just(-1),
@@ -77,15 +84,17 @@ def counts(lo: int, hi: int, *, bad: bool) -> st.SearchStrategy[Any]:
 def flat_rows(draw: st.DrawFn, n: int, *, bad: bool = False) -> list[dict[str, Any]]:
     rows = []
     for i in range(n):
-        rows.append({
-            "key": f"k{i}",
-            "cameras": draw(counts(0, 5, bad=bad)),
-            "frames": draw(counts(1, 40, bad=bad)),
-            "height": draw(counts(1, 700, bad=bad)),
-            "width": draw(counts(1, 700, bad=bad)),
-            "text_tokens": draw(counts(0, 500, bad=bad)),
-            "action_tokens": draw(counts(0, 64, bad=bad)),
-        })
+        rows.append(
+            {
+                "key": f"k{i}",
+                "cameras": draw(counts(0, 5, bad=bad)),
+                "frames": draw(counts(1, 40, bad=bad)),
+                "height": draw(counts(1, 700, bad=bad)),
+                "width": draw(counts(1, 700, bad=bad)),
+                "text_tokens": draw(counts(0, 500, bad=bad)),
+                "action_tokens": draw(counts(0, 64, bad=bad)),
+            }
+        )
     return rows
 
 
@@ -95,16 +104,20 @@ def list_rows(draw: st.DrawFn, n: int, *, bad: bool = False) -> list[dict[str, A
     for i in range(n):
         cams = []
         for _ in range(draw(st.integers(0 if bad else 1, 4))):
-            cams.append({
-                "name": draw(st.one_of(st.none(), st.sampled_from(CAMERA_NAMES))),
-                "frames": draw(counts(1, 40, bad=bad)),
-                "height": draw(counts(1, 700, bad=bad)),
-                "width": draw(counts(1, 700, bad=bad)),
-            })
-        rows.append({
-            "key": f"k{i}",
-            "cameras": cams,
-            "text_tokens": draw(counts(0, 500, bad=bad)),
-            "action_tokens": draw(counts(0, 64, bad=bad)),
-        })
+            cams.append(
+                {
+                    "name": draw(st.one_of(st.none(), st.sampled_from(CAMERA_NAMES))),
+                    "frames": draw(counts(1, 40, bad=bad)),
+                    "height": draw(counts(1, 700, bad=bad)),
+                    "width": draw(counts(1, 700, bad=bad)),
+                }
+            )
+        rows.append(
+            {
+                "key": f"k{i}",
+                "cameras": cams,
+                "text_tokens": draw(counts(0, 500, bad=bad)),
+                "action_tokens": draw(counts(0, 64, bad=bad)),
+            }
+        )
     return rows

@@ -39,8 +39,11 @@ def test_strategies_without_peers_run_and_hold_every_sample(tmp_path: Path) -> N
     path = tmp_path / "lengths.npy"
     np.save(path, lengths)
     scored = {}
-    for name in ("random, fixed batch (fits median)", "oracle: sort all, fill greedily",
-                 "tokenbucket static (≤ 32 shapes)"):
+    for name in (
+        "random, fixed batch (fits median)",
+        "oracle: sort all, fill greedily",
+        "tokenbucket static (≤ 32 shapes)",
+    ):
         out = tmp_path / f"{len(scored)}.npz"
         timing = bench_peers.run_strategy(bench_peers.STRATEGIES[name], path, "flash", out)
         assert timing["build"] >= 0 and timing["iterate"] >= 0

@@ -111,8 +111,10 @@ def test_breakdown_max_pixels_keeps_area_within_bounds() -> None:
 
 
 def test_breakdown_special_tokens_per_frame_and_camera() -> None:
-    bd = breakdown_sample({"cameras": 2, "frames": 4, "height": 28, "width": 28},
-                          TokenSpec(patch=14, special_per_frame=1, special_per_camera=2))
+    bd = breakdown_sample(
+        {"cameras": 2, "frames": 4, "height": 28, "width": 28},
+        TokenSpec(patch=14, special_per_frame=1, special_per_camera=2),
+    )
     assert bd.vision == 2 * (4 * (4 + 1) + 2)
 
 
@@ -120,10 +122,15 @@ def test_breakdown_override_by_camera_name_flat_and_list_agree() -> None:
     spec = TokenSpec(patch=14, camera_names=("top", "wrist"), overrides={"wrist": {"tokens_per_frame": 64}})
     flat = breakdown_sample({"cameras": 2, "frames": 8, "height": 224, "width": 224}, spec)
     assert [c.tokens for c in flat.cameras] == [8 * 256, 8 * 64]
-    listed = breakdown_sample({"cameras": [
-        {"name": "top", "frames": 8, "height": 224, "width": 224},
-        {"name": "wrist", "frames": 8, "height": 224, "width": 224},
-    ]}, spec)
+    listed = breakdown_sample(
+        {
+            "cameras": [
+                {"name": "top", "frames": 8, "height": 224, "width": 224},
+                {"name": "wrist", "frames": 8, "height": 224, "width": 224},
+            ]
+        },
+        spec,
+    )
     assert listed.vision == flat.vision
 
 
@@ -131,13 +138,17 @@ def test_breakdown_empty_slot_is_the_camera_the_sample_lacks() -> None:
     # a sample listing only its wrist camera lacks the top slot, priced by top's override
     spec = TokenSpec(patch=14, camera_slots=3, camera_names=("top", "wrist"), overrides={"top": {"patch": 7}})
     cam = {"frames": 1, "height": 224, "width": 224}
-    rows = [{"key": "w", "cameras": [{"name": "wrist", **cam}]},
-            {"key": "t", "cameras": [{"name": "top", **cam}]},
-            {"key": "n", "cameras": [cam]}]  # unnamed: by position, so it is top
+    rows = [
+        {"key": "w", "cameras": [{"name": "wrist", **cam}]},
+        {"key": "t", "cameras": [{"name": "top", **cam}]},
+        {"key": "n", "cameras": [cam]},
+    ]  # unnamed: by position, so it is top
     # top 32² = 1,024, wrist 16² = 256, the third slot has no name: camera2, 256
-    expected = {"w": [("wrist", 256, False), ("top", 1024, True), ("camera2", 256, True)],
-                "t": [("top", 1024, False), ("wrist", 256, True), ("camera2", 256, True)],
-                "n": [("top", 1024, False), ("wrist", 256, True), ("camera2", 256, True)]}
+    expected = {
+        "w": [("wrist", 256, False), ("top", 1024, True), ("camera2", 256, True)],
+        "t": [("top", 1024, False), ("wrist", 256, True), ("camera2", 256, True)],
+        "n": [("top", 1024, False), ("wrist", 256, True), ("camera2", 256, True)],
+    }
     for row in rows:
         assert [(c.name, c.tokens, c.empty_slot) for c in breakdown_sample(row, spec).cameras] == expected[row["key"]]
     assert_paths_agree(rows, spec, pa.Table.from_pylist(rows))
@@ -150,7 +161,10 @@ def test_breakdown_per_camera_sums_are_exact_past_float_precision() -> None:
     exact = 15 * (2**50 + 1)
     assert breakdown_sample(row, spec).vision == exact
     for per_camera in (False, True):
-        assert breakdown_table(pa.Table.from_pylist([row]), spec, per_camera=per_camera).table["vision"][0].as_py() == exact
+        assert (
+            breakdown_table(pa.Table.from_pylist([row]), spec, per_camera=per_camera).table["vision"][0].as_py()
+            == exact
+        )
 
 
 def test_breakdown_rules_column_fixed_product_and_extras() -> None:
@@ -243,13 +257,26 @@ def test_breakdown_paths_agree_on_valid_per_camera_rows(spec: TokenSpec, rows: l
 
 @given(spec=token_specs(), rows=st.integers(1, 8).flatmap(lambda n: list_rows(n, bad=True)))
 def test_breakdown_paths_agree_on_invalid_per_camera_rows(spec: TokenSpec, rows: list[dict[str, Any]]) -> None:
-    schema = pa.schema([
-        ("key", pa.string()),
-        ("cameras", pa.list_(pa.struct([("name", pa.string()), ("frames", pa.float64()),
-                                        ("height", pa.float64()), ("width", pa.float64())]))),
-        ("text_tokens", pa.float64()),
-        ("action_tokens", pa.float64()),
-    ])
+    schema = pa.schema(
+        [
+            ("key", pa.string()),
+            (
+                "cameras",
+                pa.list_(
+                    pa.struct(
+                        [
+                            ("name", pa.string()),
+                            ("frames", pa.float64()),
+                            ("height", pa.float64()),
+                            ("width", pa.float64()),
+                        ]
+                    )
+                ),
+            ),
+            ("text_tokens", pa.float64()),
+            ("action_tokens", pa.float64()),
+        ]
+    )
     assert_paths_agree(rows, spec, pa.Table.from_pylist(rows, schema=schema))
 
 
@@ -266,6 +293,11 @@ def test_breakdown_spec_replace_makes_a_variant() -> None:
 
 
 def test_breakdown_table_accepts_numpy_columns() -> None:
-    cols = {"key": ["a", "b"], "cameras": np.array([4, 1]), "frames": np.array([16, 1]),
-            "height": np.array([224, 448]), "width": np.array([224, 448])}
+    cols = {
+        "key": ["a", "b"],
+        "cameras": np.array([4, 1]),
+        "frames": np.array([16, 1]),
+        "height": np.array([224, 448]),
+        "width": np.array([224, 448]),
+    }
     assert breakdown_table(cols, TokenSpec(patch=14)).totals.tolist() == [16_384, 1_024]

@@ -21,20 +21,40 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def test_cli_tokens_sample_json_worked_example(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "tokens", "--sample", '{"cameras":4,"frames":16,"height":224,"width":224}',
-                       "--patch", "14", "--json")
+    code, out, _ = run(
+        capsys, "tokens", "--sample", '{"cameras":4,"frames":16,"height":224,"width":224}', "--patch", "14", "--json"
+    )
     assert code == 0
     data = json.loads(out)
     assert {k: data[k] for k in ("vision", "text", "proprio", "action", "memory", "total")} == {
-        "vision": 16384, "text": 0, "proprio": 0, "action": 0, "memory": 0, "total": 16384}
+        "vision": 16384,
+        "text": 0,
+        "proprio": 0,
+        "action": 0,
+        "memory": 0,
+        "total": 16384,
+    }
     assert len(data["cameras"]) == 4
 
 
 def test_cli_tokens_sample_uses_columns_present_and_flags(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "tokens", "--sample",
-                       '{"cameras":2,"frames":8,"height":224,"width":224,"text_tokens":30,"action_tokens":7}',
-                       "--tubelet", "2", "--camera-names", "top,wrist", "--override", "wrist:tokens_per_frame=16",
-                       "--memory", "64", "--extra", "register=4", "--json")
+    code, out, _ = run(
+        capsys,
+        "tokens",
+        "--sample",
+        '{"cameras":2,"frames":8,"height":224,"width":224,"text_tokens":30,"action_tokens":7}',
+        "--tubelet",
+        "2",
+        "--camera-names",
+        "top,wrist",
+        "--override",
+        "wrist:tokens_per_frame=16",
+        "--memory",
+        "64",
+        "--extra",
+        "register=4",
+        "--json",
+    )
     data = json.loads(out)
     assert code == 0
     assert data["vision"] == 4 * 256 + 8 * 16
@@ -42,9 +62,25 @@ def test_cli_tokens_sample_uses_columns_present_and_flags(capsys: pytest.Capture
 
 
 def test_cli_tokens_pi0_slots_from_flags(capsys: pytest.CaptureFixture[str]) -> None:
-    _, out, _ = run(capsys, "tokens", "--sample", '{"cameras":1,"frames":1,"height":480,"width":640}',
-                    "--resize", "fixed", "--fixed-size", "224x224", "--camera-slots", "3",
-                    "--text", "48", "--proprio", "1", "--action", "50", "--json")
+    _, out, _ = run(
+        capsys,
+        "tokens",
+        "--sample",
+        '{"cameras":1,"frames":1,"height":480,"width":640}',
+        "--resize",
+        "fixed",
+        "--fixed-size",
+        "224x224",
+        "--camera-slots",
+        "3",
+        "--text",
+        "48",
+        "--proprio",
+        "1",
+        "--action",
+        "50",
+        "--json",
+    )
     assert json.loads(out)["total"] == 867
 
 
@@ -91,7 +127,10 @@ def test_cli_bad_flags_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_demo_runs_as_a_process(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tokenbucket.cli.main", "demo", "--out", str(tmp_path), "--samples", "5000"],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert "5,000 samples, 0 rejected" in proc.stdout
@@ -111,23 +150,63 @@ def test_cli_gpus_lists_the_registry(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_cli_cost_json_has_items_total_and_flops(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "cost", "--preset", "design-24L-1024", "--batch", "1", "--length", "16384",
-                       "--gpu", "H100-SXM", "--json")
+    code, out, _ = run(
+        capsys,
+        "cost",
+        "--preset",
+        "design-24L-1024",
+        "--batch",
+        "1",
+        "--length",
+        "16384",
+        "--gpu",
+        "H100-SXM",
+        "--json",
+    )
     data = json.loads(out)
     assert code == 0
-    for key in ("weights", "gradients", "optimizer", "activations", "attention_scores", "kv_cache",
-                "transients", "extra", "total", "flops", "fits", "max_batch"):
+    for key in (
+        "weights",
+        "gradients",
+        "optimizer",
+        "activations",
+        "attention_scores",
+        "kv_cache",
+        "transients",
+        "extra",
+        "total",
+        "flops",
+        "fits",
+        "max_batch",
+    ):
         assert key in data
     assert data["flops"]["attention_per_layer"] == 2**40
     assert data["fits"] is True and data["max_batch"] >= 1
 
 
 def test_cli_cost_model_flags_and_budget(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "cost", "--hidden", "1024", "--layers", "24", "--heads", "16", "--attention", "eager",
-                       "--batch", "1", "--length", "16384", "--budget-gib", "80")
+    code, out, _ = run(
+        capsys,
+        "cost",
+        "--hidden",
+        "1024",
+        "--layers",
+        "24",
+        "--heads",
+        "16",
+        "--attention",
+        "eager",
+        "--batch",
+        "1",
+        "--length",
+        "16384",
+        "--budget-gib",
+        "80",
+    )
     assert code == 0 and "does NOT fit" in out
-    code, _, err = run(capsys, "cost", "--hidden", "1000", "--layers", "2", "--heads", "16", "--batch", "1",
-                       "--length", "8")
+    code, _, err = run(
+        capsys, "cost", "--hidden", "1000", "--layers", "2", "--heads", "16", "--batch", "1", "--length", "8"
+    )
     assert code == 1 and "heads should divide hidden" in err
     code, _, err = run(capsys, "cost", "--batch", "1", "--length", "8", "--gpu", "TPU")
     assert code == 1 and "H100-SXM" in err
@@ -136,30 +215,73 @@ def test_cli_cost_model_flags_and_budget(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_cli_ledger_json_with_whatif(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "ledger", "--sample", '{"cameras":4,"frames":16,"height":224,"width":224}',
-                       "--patch", "14", "--whatif", "frames=32", "--json")
+    code, out, _ = run(
+        capsys,
+        "ledger",
+        "--sample",
+        '{"cameras":4,"frames":16,"height":224,"width":224}',
+        "--patch",
+        "14",
+        "--whatif",
+        "frames=32",
+        "--json",
+    )
     data = json.loads(out)
     assert code == 0
     assert set(data) >= {"tokens", "per_layer", "kv_cache_bytes", "peak_bytes", "memory", "whatif"}
     assert data["per_layer"]["attention_score_bytes"] == 8 * 2**30
     assert data["whatif"]["frames=32"]["per_layer.attention_score_bytes"] == 4
-    code, text, _ = run(capsys, "ledger", "--sample", '{"cameras":4,"frames":16,"height":224,"width":224}',
-                        "--whatif", "side=448")
+    code, text, _ = run(
+        capsys, "ledger", "--sample", '{"cameras":4,"frames":16,"height":224,"width":224}', "--whatif", "side=448"
+    )
     assert code == 0 and "x16.00" in text
 
 
 def test_cli_profile_user_model_side_by_side(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, out, _ = run(capsys, "profile", "tokenbucket.cost.reference:ReferenceTransformer", "--hidden", "256",
-                       "--layers", "2", "--heads", "4", "--batch", "2", "--length", "512", "--length", "1024",
-                       "--save", str(tmp_path / "p.json"), "--json")
+    code, out, _ = run(
+        capsys,
+        "profile",
+        "tokenbucket.cost.reference:ReferenceTransformer",
+        "--hidden",
+        "256",
+        "--layers",
+        "2",
+        "--heads",
+        "4",
+        "--batch",
+        "2",
+        "--length",
+        "512",
+        "--length",
+        "1024",
+        "--save",
+        str(tmp_path / "p.json"),
+        "--json",
+    )
     rows = json.loads(out)
     assert code == 0 and [r["length"] for r in rows] == [512, 1024]
     for r in rows:
         assert abs(r["ratio"] - 1) < 0.05
     assert (tmp_path / "p.json").exists()
-    code, out, _ = run(capsys, "profile", "tests.user_models:build", "--input", "tests.user_models:make_batch",
-                       "--hidden", "128", "--layers", "2", "--heads", "4", "--precision", "fp32",
-                       "--batch", "2", "--length", "256")
+    code, out, _ = run(
+        capsys,
+        "profile",
+        "tests.user_models:build",
+        "--input",
+        "tests.user_models:make_batch",
+        "--hidden",
+        "128",
+        "--layers",
+        "2",
+        "--heads",
+        "4",
+        "--precision",
+        "fp32",
+        "--batch",
+        "2",
+        "--length",
+        "256",
+    )
     assert code == 0 and "measured" in out and "analytic" in out
     code, _, err = run(capsys, "profile", "no_such_module:build")
     assert code == 1 and "cannot import" in err
@@ -169,16 +291,32 @@ def test_cli_plan_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     src = tmp_path / "m.parquet"
     pq.write_table(mixture_a(5000, seed=2), src)
     out = tmp_path / "manifest.parquet"
-    code, text, _ = run(capsys, "plan", str(src), "--gpu", "H100-SXM", "--on-oversize", "reject", "--out", str(out),
-                        "--json")
+    code, text, _ = run(
+        capsys, "plan", str(src), "--gpu", "H100-SXM", "--on-oversize", "reject", "--out", str(out), "--json"
+    )
     data = json.loads(text)
     assert code == 0 and out.exists()
-    assert set(data["summary"]) >= {"samples", "rejected", "batches", "shapes", "padding_efficiency", "mean_fill",
-                                    "predicted_epoch_seconds", "over_budget_batches"}
+    assert set(data["summary"]) >= {
+        "samples",
+        "rejected",
+        "batches",
+        "shapes",
+        "padding_efficiency",
+        "mean_fill",
+        "predicted_epoch_seconds",
+        "over_budget_batches",
+    }
     assert data["summary"]["over_budget_batches"] == 0
     for b in data["buckets"]:
-        assert set(b) >= {"bound", "batch_size", "samples", "batches", "predicted_peak_bytes", "fill",
-                          "padding_efficiency"}
+        assert set(b) >= {
+            "bound",
+            "batch_size",
+            "samples",
+            "batches",
+            "predicted_peak_bytes",
+            "fill",
+            "padding_efficiency",
+        }
     code, text, _ = run(capsys, "inspect", str(out), "--plot", str(tmp_path / "h.png"))
     assert code == 0 and "padding efficiency" in text and (tmp_path / "h.png").stat().st_size > 1000
     code, _, err = run(capsys, "plan", str(src), "--gpu", "H100-SXM", "--out", str(tmp_path / "x.parquet"))

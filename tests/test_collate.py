@@ -26,9 +26,16 @@ BUDGET = 8 * 2**20
 def meta(n: int = 60) -> pa.Table:
     rng = np.random.default_rng(0)
     side = rng.choice([112, 224], n)
-    return pa.table({"key": [f"s{i:03d}" for i in range(n)], "cameras": rng.choice([1, 2], n),
-                     "frames": rng.choice([1, 3], n), "height": side, "width": side,
-                     "text_tokens": rng.integers(1, 9, n)})
+    return pa.table(
+        {
+            "key": [f"s{i:03d}" for i in range(n)],
+            "cameras": rng.choice([1, 2], n),
+            "frames": rng.choice([1, 3], n),
+            "height": side,
+            "width": side,
+            "text_tokens": rng.integers(1, 9, n),
+        }
+    )
 
 
 class Seqs(Dataset[dict[str, torch.Tensor]]):
@@ -89,7 +96,10 @@ def test_collate_dynamic_pads_to_the_longest_in_the_batch() -> None:
 
 def test_collate_metadata_lie_names_key_expected_and_actual() -> None:
     data, _ = setup(lie_at=5)
-    with pytest.raises(ConfigError, match=r"sample 5 \(key 's005'\): its metadata says (\d+) tokens but its 'tokens' tensor has shape \(\d+, 4\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"sample 5 \(key 's005'\): its metadata says (\d+) tokens but its 'tokens' tensor has shape \(\d+, 4\)",
+    ):
         BucketCollate(data)([data[5]])
 
 
@@ -114,7 +124,9 @@ def test_dataset_metadata_as_callable_or_column() -> None:
     rows = table.to_pylist()
     del rows[0]["text_tokens"]  # an optional column the first sample lacks still counts for the others
     lengths = np.array([breakdown_sample(r, SPEC).total for r in rows])
-    assert lengths[0] < breakdown_table(table, SPEC).totals[0] and (table.column("text_tokens").to_numpy()[1:] > 0).all()
+    assert (
+        lengths[0] < breakdown_table(table, SPEC).totals[0] and (table.column("text_tokens").to_numpy()[1:] > 0).all()
+    )
     a = TokenBucketDataset(Seqs(lengths), metadata=lambda i: rows[i], spec=SPEC, plan=plan)
 
     class WithColumn(Seqs):

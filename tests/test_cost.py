@@ -24,7 +24,10 @@ def measure(spec: ModelSpec, batch: int, length: int) -> int:
     return profile_memory(
         lambda: ReferenceTransformer(spec),
         lambda b, n: torch.empty(b, n, spec.hidden, dtype=dtype),
-        batch, length, train=spec.mode == "train", optimizer=spec.optimizer,
+        batch,
+        length,
+        train=spec.mode == "train",
+        optimizer=spec.optimizer,
     ).peak
 
 
@@ -113,13 +116,16 @@ def test_cost_bad_mfu_is_rejected() -> None:
 GRID = [(256, 512, 1), (256, 8192, 4), (512, 2048, 2), (1024, 512, 4), (1024, 8192, 1)]
 
 
-@pytest.mark.parametrize(("attention", "precision", "checkpointing"),
-                         list(itertools.product(["flash", "eager"], ["bf16", "amp"], ["none", "full"])))
+@pytest.mark.parametrize(
+    ("attention", "precision", "checkpointing"),
+    list(itertools.product(["flash", "eager"], ["bf16", "amp"], ["none", "full"])),
+)
 def test_cost_matches_profiler_on_reference_block(attention: str, precision: str, checkpointing: str) -> None:
     tolerance = 0.05 if checkpointing == "none" else 0.08
     for d, length, b in GRID:
-        spec = ModelSpec(hidden=d, layers=2, heads=d // 64, precision=precision, attention=attention,
-                         checkpointing=checkpointing)
+        spec = ModelSpec(
+            hidden=d, layers=2, heads=d // 64, precision=precision, attention=attention, checkpointing=checkpointing
+        )
         predicted = CostModel(spec).memory(b, length).total
         measured = measure(spec, b, length)
         assert abs(predicted / measured - 1) <= tolerance, (d, length, b, predicted, measured)

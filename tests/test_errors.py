@@ -9,8 +9,8 @@ family member it builds, and a test elsewhere exercises it.
 from __future__ import annotations
 
 import argparse
-import builtins
 import ast
+import builtins
 import importlib
 from pathlib import Path
 
@@ -76,8 +76,15 @@ def test_errors_the_kinds_share_one_root() -> None:
     kinds = (errors.MetadataError, errors.PlanError, errors.StateError, errors.ConfigError, errors.OOMRiskError)
     assert all(issubclass(kind, errors.TokenbucketError) for kind in kinds)
     assert issubclass(errors.OversizeError, errors.PlanError)
-    assert all(issubclass(cls, errors.MetadataError) for cls in (
-        errors.MissingColumnError, errors.InvalidValueError, errors.DuplicateKeyError, errors.ImageTooSmallError))
+    assert all(
+        issubclass(cls, errors.MetadataError)
+        for cls in (
+            errors.MissingColumnError,
+            errors.InvalidValueError,
+            errors.DuplicateKeyError,
+            errors.ImageTooSmallError,
+        )
+    )
     for name in errors.__all__:
         assert getattr(tokenbucket, name) is getattr(errors, name)  # each importable from the top
 
@@ -89,4 +96,6 @@ def test_errors_built_errors_are_family_members() -> None:
 def test_errors_checker_fails_on_a_stray_raise() -> None:
     source = "def f(x):\n    if x:\n        raise ValueError('bad')\n    raise helper(x)\n    raise ConfigError('ok')\n"
     assert raise_problems("m", source, {"ValueError": ValueError, "ConfigError": errors.ConfigError}) == [
-        "m:3 raises ValueError, outside TokenbucketError", "m:4 raises helper, which is not an error class"]
+        "m:3 raises ValueError, outside TokenbucketError",
+        "m:4 raises helper, which is not an error class",
+    ]

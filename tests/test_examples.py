@@ -14,8 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_examples_count_tokens_runs() -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "count_tokens.py")],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "count_tokens.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "one sample: 16,384 vision tokens" in proc.stdout
     assert "0 rejected" in proc.stdout

@@ -9,8 +9,21 @@ from tokenbucket.cost.gpus import GIB, GPUS, get_gpu, gpu_budget_bytes
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.model import ModelSpec
 
-REQUIRED = ["A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "B200", "L40S", "RTX-4090",
-            "RTX-3090", "A10G", "L4", "MI300X", "V100-32GB"]
+REQUIRED = [
+    "A100-40GB",
+    "A100-80GB",
+    "H100-SXM",
+    "H100-PCIe",
+    "H200",
+    "B200",
+    "L40S",
+    "RTX-4090",
+    "RTX-3090",
+    "A10G",
+    "L4",
+    "MI300X",
+    "V100-32GB",
+]
 
 
 def test_gpus_registry_has_every_required_target_with_sane_numbers() -> None:

@@ -89,10 +89,14 @@ def stage_of(module: str, root_name: str = "tokenbucket") -> int:
 
 
 def upward_imports(imports: list[Import], root_name: str = "tokenbucket") -> list[str]:
-    return [f"{i.module}:{i.line} imports {i.target} (stage {STAGES[stage_of(i.target, root_name)]} is above "
-            f"{STAGES[stage_of(i.module, root_name)] if stage_of(i.module, root_name) < len(STAGES) else 'the top'})"
-            for i in imports if i.target.startswith(root_name) and i.target != i.module
-            and stage_of(i.target, root_name) > stage_of(i.module, root_name)]
+    return [
+        f"{i.module}:{i.line} imports {i.target} (stage {STAGES[stage_of(i.target, root_name)]} is above "
+        f"{STAGES[stage_of(i.module, root_name)] if stage_of(i.module, root_name) < len(STAGES) else 'the top'})"
+        for i in imports
+        if i.target.startswith(root_name)
+        and i.target != i.module
+        and stage_of(i.target, root_name) > stage_of(i.module, root_name)
+    ]
 
 
 def circles(imports: list[Import], root_name: str = "tokenbucket") -> list[list[str]]:
@@ -181,8 +185,13 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_layout_checker_catches_an_upward_import_in_a_function(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {"tokens/spec.py": "def f():\n    from tokenbucket.plan.buckets import plan_buckets\n",
-                            "plan/buckets.py": "from tokenbucket.tokens.spec import f\n"})
+    root = _tree(
+        tmp_path,
+        {
+            "tokens/spec.py": "def f():\n    from tokenbucket.plan.buckets import plan_buckets\n",
+            "plan/buckets.py": "from tokenbucket.tokens.spec import f\n",
+        },
+    )
     _, imports = package_imports(root)
     assert [i.target for i in imports if i.deferred] == ["tokenbucket.plan.buckets"]
     assert len(upward_imports(imports)) == 1
@@ -190,8 +199,7 @@ def test_layout_checker_catches_an_upward_import_in_a_function(tmp_path: Path) -
 
 
 def test_layout_checker_catches_a_circle_within_a_stage(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {"train/a.py": "from tokenbucket.train import b\n",
-                            "train/b.py": "from . import a\n"})
+    root = _tree(tmp_path, {"train/a.py": "from tokenbucket.train import b\n", "train/b.py": "from . import a\n"})
     _, imports = package_imports(root)
     assert upward_imports(imports) == []
     assert circles(imports) == [["tokenbucket.train.a", "tokenbucket.train.b"]]

@@ -44,18 +44,27 @@ def test_manifest_every_sample_once_in_a_bucket_or_rejected(metadata: Path, tmp_
 
 
 def test_manifest_batched_build_plans_like_one_pass(metadata: Path, tmp_path: Path) -> None:
-    a = build_manifest(metadata, SPEC, COST, tmp_path / "a.parquet", budget_bytes=BUDGET, on_oversize="reject",
-                       batch_rows=1_500)
-    b = build_manifest(metadata, SPEC, COST, tmp_path / "b.parquet", budget_bytes=BUDGET, on_oversize="reject",
-                       batch_rows=50_000)
+    a = build_manifest(
+        metadata, SPEC, COST, tmp_path / "a.parquet", budget_bytes=BUDGET, on_oversize="reject", batch_rows=1_500
+    )
+    b = build_manifest(
+        metadata, SPEC, COST, tmp_path / "b.parquet", budget_bytes=BUDGET, on_oversize="reject", batch_rows=50_000
+    )
     assert a.plan == b.plan
     assert a.content_hash == b.content_hash
 
 
 def test_manifest_records_plan_spec_meta_and_hash(metadata: Path, tmp_path: Path) -> None:
     out = tmp_path / "m.parquet"
-    build_manifest(metadata, SPEC, COST, out, budget_bytes=BUDGET, on_oversize="reject",
-                   meta={"gpu": "H100-SXM", "model": "design-24L-1024"})
+    build_manifest(
+        metadata,
+        SPEC,
+        COST,
+        out,
+        budget_bytes=BUDGET,
+        on_oversize="reject",
+        meta={"gpu": "H100-SXM", "model": "design-24L-1024"},
+    )
     info = json.loads(pq.ParquetFile(out).metadata.metadata[b"tokenbucket"])
     assert info["format"] == 1 and info["rows"] == 20_000
     assert info["meta"] == {"gpu": "H100-SXM", "model": "design-24L-1024"}  # the caller's words win
@@ -73,8 +82,9 @@ def test_manifest_invalid_rows_are_kept_with_their_reason(tmp_path: Path) -> Non
     with pytest.raises(Exception, match="row 7"):
         build_manifest(src, SPEC, COST, tmp_path / "x.parquet", budget_bytes=BUDGET, on_oversize="reject")
     assert not (tmp_path / "x.parquet").exists()  # nothing half-written
-    m = build_manifest(src, SPEC, COST, tmp_path / "y.parquet", budget_bytes=BUDGET, on_oversize="reject",
-                       on_invalid="reject")
+    m = build_manifest(
+        src, SPEC, COST, tmp_path / "y.parquet", budget_bytes=BUDGET, on_oversize="reject", on_invalid="reject"
+    )
     row = m.table.slice(7, 1).to_pylist()[0]
     assert row["bucket"] == -1 and row["total"] is None and "frames" in row["reason"]
     assert m.table.num_rows == 100
@@ -97,19 +107,31 @@ def test_manifest_duplicate_keys_across_batches_are_refused(tmp_path: Path) -> N
     src = tmp_path / "dup.parquet"
     pq.write_table(table.set_column(0, "key", pa.array(keys)), src)
     with pytest.raises(ConfigError, match=r"row 900: key .* earlier row"):
-        build_manifest(src, SPEC, COST, tmp_path / "m.parquet", budget_bytes=BUDGET, batch_rows=100,
-                       on_oversize="reject")
+        build_manifest(
+            src, SPEC, COST, tmp_path / "m.parquet", budget_bytes=BUDGET, batch_rows=100, on_oversize="reject"
+        )
     # on_invalid="reject": the later row is refused with its reason, within a batch or across batches
     keys[50] = keys[40]
     pq.write_table(table.set_column(0, "key", pa.array(keys)), src)
     for batch_rows in (100, 1000):
-        m = build_manifest(src, SPEC, COST, tmp_path / f"r{batch_rows}.parquet", budget_bytes=BUDGET,
-                           batch_rows=batch_rows, on_oversize="reject", on_invalid="reject")
+        m = build_manifest(
+            src,
+            SPEC,
+            COST,
+            tmp_path / f"r{batch_rows}.parquet",
+            budget_bytes=BUDGET,
+            batch_rows=batch_rows,
+            on_oversize="reject",
+            on_invalid="reject",
+        )
         rows = m.table.to_pylist()
         refused = {r["index"]: r["reason"] for r in rows if r["reason"] and "unique" in r["reason"]}
         assert len(rows) == 1000 and set(refused) == {50, 900}
         assert all(rows[i]["bucket"] == -1 and rows[i]["total"] is None for i in refused)
-        assert refused[900] == f"invalid: row 900 key {keys[10]!r}: column 'key' should be unique, but got key={keys[10]!r}"
+        assert (
+            refused[900]
+            == f"invalid: row 900 key {keys[10]!r}: column 'key' should be unique, but got key={keys[10]!r}"
+        )
         assert rows[10]["bucket"] >= 0 and rows[40]["bucket"] >= 0  # the first holders keep their place
 
 
@@ -172,16 +194,18 @@ def test_manifest_parts_counted_in_parallel_processes_plan_like_one_pass(tmp_pat
 def test_manifest_directory_of_parts_round_trip(metadata: Path, tmp_path: Path) -> None:
     single = build_manifest(metadata, SPEC, COST, tmp_path / "one.parquet", budget_bytes=BUDGET, on_oversize="reject")
     out = tmp_path / "manifest_dir"
-    m = build_manifest(metadata, SPEC, COST, out, budget_bytes=BUDGET, on_oversize="reject", batch_rows=3_000,
-                       part_rows=6_000)
+    m = build_manifest(
+        metadata, SPEC, COST, out, budget_bytes=BUDGET, on_oversize="reject", batch_rows=3_000, part_rows=6_000
+    )
     files = sorted(out.glob("part-*.parquet"))
     assert len(files) == 4 and len(m) == 20_000  # parts start at batch boundaries and m.plan == single.plan
     again = load_manifest(out)
     assert again.table.column("key").to_pylist() == single.table.column("key").to_pylist()
     assert again.table.column("bucket").to_pylist() == single.table.column("bucket").to_pylist()
     # rebuilding over an existing directory replaces it whole
-    build_manifest(metadata, SPEC, COST, out, budget_bytes=BUDGET, on_oversize="reject", batch_rows=5_000,
-                   part_rows=10_000)
+    build_manifest(
+        metadata, SPEC, COST, out, budget_bytes=BUDGET, on_oversize="reject", batch_rows=5_000, part_rows=10_000
+    )
     assert len(sorted(out.glob("part-*.parquet"))) == 2
     # parts go by number (part-100000 after part-99999), and each must sit where it was written
     (out / "part-00001.parquet").rename(out / "part-100000.parquet")

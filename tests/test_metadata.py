@@ -50,8 +50,13 @@ def test_metadata_directory_of_parts_reads_in_name_order(tmp_path: Path, suffix:
 
 def test_metadata_per_camera_schema_through_parquet_and_jsonl(tmp_path: Path) -> None:
     rows = [
-        {"key": "a", "cameras": [{"name": "top", "frames": 16, "height": 480, "width": 640},
-                                 {"name": "wrist", "frames": 16, "height": 224, "width": 224}]},
+        {
+            "key": "a",
+            "cameras": [
+                {"name": "top", "frames": 16, "height": 480, "width": 640},
+                {"name": "wrist", "frames": 16, "height": 224, "width": 224},
+            ],
+        },
         {"key": "b", "cameras": [{"name": "top", "frames": 8, "height": 480, "width": 640}]},
     ]
     spec = TokenSpec(patch=14, overrides={"wrist": {"tokens_per_frame": 64}})
@@ -120,10 +125,17 @@ def test_table_from_rows_keeps_keys_the_first_row_lacks() -> None:
 def test_absent_as_zero_names_the_columns_only_optional_rules_read() -> None:
     from tokenbucket.tokens.spec import CountRule
 
-    assert TokenSpec().absent_as_zero() == {"action_tokens": 0, "memory_tokens": 0, "proprio_tokens": 0,
-                                            "text_tokens": 0}
-    spec = TokenSpec(text=CountRule(column="text_tokens"), proprio=CountRule(column="frames", optional=True),
-                     extras={"lang": CountRule(column="text_tokens", optional=True)})
+    assert TokenSpec().absent_as_zero() == {
+        "action_tokens": 0,
+        "memory_tokens": 0,
+        "proprio_tokens": 0,
+        "text_tokens": 0,
+    }
+    spec = TokenSpec(
+        text=CountRule(column="text_tokens"),
+        proprio=CountRule(column="frames", optional=True),
+        extras={"lang": CountRule(column="text_tokens", optional=True)},
+    )
     assert "text_tokens" not in spec.absent_as_zero()  # a required rule reads it too
     assert "frames" not in spec.absent_as_zero()  # frames: absent means the cameras' longest, not 0
 
@@ -151,5 +163,7 @@ def test_parts_lacking_an_optional_column_count_as_they_do_alone(tmp_path: Path)
     per_part = [t for b in iter_metadata_batches(tmp_path) for t in breakdown_table(b, spec).totals.tolist()]
     whole = breakdown_table(read_metadata(tmp_path, absent=spec.absent_as_zero()), spec, on_invalid="reject")
     assert whole.rejected.num_rows == 0 and whole.totals.tolist() == per_part
-    assert per_part[20:] == (breakdown_table(table.slice(20), spec).totals
-                             - table.column("text_tokens").to_numpy()[20:]).tolist()
+    assert (
+        per_part[20:]
+        == (breakdown_table(table.slice(20), spec).totals - table.column("text_tokens").to_numpy()[20:]).tolist()
+    )

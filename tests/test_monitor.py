@@ -44,9 +44,16 @@ BUDGET = 2**20
 def meta(n: int) -> pa.Table:
     rng = np.random.default_rng(0)
     side = rng.choice([112, 224], n)
-    return pa.table({"key": [f"s{i:03d}" for i in range(n)], "cameras": rng.choice([1, 2], n),
-                     "frames": rng.choice([1, 3], n), "height": side, "width": side,
-                     "text_tokens": rng.integers(1, 9, n)})
+    return pa.table(
+        {
+            "key": [f"s{i:03d}" for i in range(n)],
+            "cameras": rng.choice([1, 2], n),
+            "frames": rng.choice([1, 3], n),
+            "height": side,
+            "width": side,
+            "text_tokens": rng.integers(1, 9, n),
+        }
+    )
 
 
 def setup(n: int = 80, mode: str = "static") -> TokenBucketDataset:
@@ -167,8 +174,11 @@ def test_monitor_latency_percentiles_per_bucket() -> None:
 def test_collate_risky_batch_warns_with_keys_modalities_and_cameras(tmp_path: Path) -> None:
     data = setup()
     collate = BucketCollate(data, cost_model=COST, risk_threshold=0.2)
-    risky = [b for b in data.sampler(seed=0)
-             if data.plan.buckets[int(data.buckets[b[0]])].predicted_peak_bytes / BUDGET > 0.2]
+    risky = [
+        b
+        for b in data.sampler(seed=0)
+        if data.plan.buckets[int(data.buckets[b[0]])].predicted_peak_bytes / BUDGET > 0.2
+    ]
     assert risky, "the plan should fill its buckets above 0.2 of the budget"
     idx = risky[0]
     with pytest.warns(OOMRiskWarning, match=r"keys \['s\d{3}'") as caught:
@@ -213,8 +223,9 @@ def test_risk_split_sampler_parts_fit_and_cover_every_sample_once(threshold: flo
 
 def test_risk_split_sampler_ranks_stay_in_step_and_resume_mid_batch() -> None:
     data = setup()
-    ranks = [RiskSplitSampler(data.sampler(seed=1, rank=r, world_size=3), data, COST, risk_threshold=0.3)
-             for r in range(3)]
+    ranks = [
+        RiskSplitSampler(data.sampler(seed=1, rank=r, world_size=3), data, COST, risk_threshold=0.3) for r in range(3)
+    ]
     lists = [list(s) for s in ranks]
     assert len({len(x) for x in lists}) == 1
     for step in zip(*lists, strict=True):  # one bucket per step on every rank
@@ -234,6 +245,7 @@ def test_risk_split_sampler_ranks_stay_in_step_and_resume_mid_batch() -> None:
         again = RiskSplitSampler(data.sampler(seed=1, rank=0, world_size=3), data, COST, risk_threshold=0.3)
         again.load_state_dict(fresh.state_dict())
         assert head + list(fresh) == full and head + list(again) == full
+
     # a new epoch starts at its first part, whether the last one stopped mid-batch or was loaded there
     def make() -> RiskSplitSampler:
         return RiskSplitSampler(data.sampler(seed=1, rank=0, world_size=3), data, COST, risk_threshold=0.3)
@@ -248,8 +260,9 @@ def test_risk_split_sampler_ranks_stay_in_step_and_resume_mid_batch() -> None:
     stopped.set_epoch(1)
     assert stopped.state_dict()["sampler"]["step"] == 0 and stopped.state_dict()["part"] == 0
     loaded = make()
-    loaded.load_state_dict({**epoch1.state_dict(), "sampler": {**epoch1.state_dict()["sampler"], "epoch": 0, "step": 0},
-                            "part": 1})
+    loaded.load_state_dict(
+        {**epoch1.state_dict(), "sampler": {**epoch1.state_dict()["sampler"], "epoch": 0, "step": 0}, "part": 1}
+    )
     loaded.set_epoch(1)
     assert list(stopped) == full1 and list(loaded) == full1
     with pytest.raises(ConfigError, match="at least 0"):
@@ -259,8 +272,9 @@ def test_risk_split_sampler_ranks_stay_in_step_and_resume_mid_batch() -> None:
 def test_risk_split_refuses_what_would_break_equal_steps() -> None:
     dyn = setup(mode="dynamic")
     with pytest.raises(ConfigError, match="different step counts"):
-        RiskSplitSampler(dyn.sampler(world_size=2, rank=0, dynamic=(dyn.lengths, COST, BUDGET, 8)), dyn, COST,
-                         risk_threshold=0.5)
+        RiskSplitSampler(
+            dyn.sampler(world_size=2, rank=0, dynamic=(dyn.lengths, COST, BUDGET, 8)), dyn, COST, risk_threshold=0.5
+        )
     data = setup()
     with pytest.raises(ConfigError, match="sync_buckets"):
         RiskSplitSampler(data.sampler(world_size=2, rank=0, sync_buckets=False), data, COST, risk_threshold=0.5)
@@ -328,8 +342,9 @@ def tiny_model() -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=1e-2)
 
 
-def oom_loop(tmp_path: Path, policy: str, *, limit: int, num_workers: int = 0,
-             adapt: bool = False) -> tuple[list[int], BucketMonitor, int]:
+def oom_loop(
+    tmp_path: Path, policy: str, *, limit: int, num_workers: int = 0, adapt: bool = False
+) -> tuple[list[int], BucketMonitor, int]:
     """An epoch of a real training loop whose "GPU" holds at most `limit` real tokens a step."""
     data = setup()
     model, opt = tiny_model()
@@ -349,8 +364,12 @@ def oom_loop(tmp_path: Path, policy: str, *, limit: int, num_workers: int = 0,
 
     monitor = BucketMonitor(data.plan, sinks=[tmp_path / "run.jsonl"], memory=None, cost_model=COST, data=data)
     train = monitor.guard(train_step, policy=policy, adapt=adapt)
-    loader = DataLoader(data, batch_sampler=data.sampler(seed=0), collate_fn=BucketCollate(data, cost_model=COST),
-                        num_workers=num_workers)
+    loader = DataLoader(
+        data,
+        batch_sampler=data.sampler(seed=0),
+        collate_fn=BucketCollate(data, cost_model=COST),
+        num_workers=num_workers,
+    )
     for batch in loader:
         train(batch)
     monitor.close()
@@ -416,8 +435,9 @@ def test_guard_adapt_lowers_the_batch_size_and_says_so(tmp_path: Path) -> None:
     log = events(tmp_path / "run.jsonl")
     adapts = [e for e in log if e["event"] == "adapt"]
     assert adapts and all(e["new_batch_size"] < e["old_batch_size"] for e in adapts)
-    assert monitor.limits == {e["bucket"]: min(a["new_batch_size"] for a in adapts if a["bucket"] == e["bucket"])
-                              for e in adapts}
+    assert monitor.limits == {
+        e["bucket"]: min(a["new_batch_size"] for a in adapts if a["bucket"] == e["bucket"]) for e in adapts
+    }
     # once adapted, a bucket OOMs less often than without adaptation
     _, plain, _ = oom_loop(tmp_path / "plain", "split", limit=300)
     assert sum(r["ooms"] for r in monitor.summary()) < sum(r["ooms"] for r in plain.summary())
@@ -485,8 +505,10 @@ def test_jsonl_lines_stay_valid_when_the_process_is_killed(tmp_path: Path) -> No
             with monitor.step(info):
                 pass
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"),
-                                                        os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
     proc = subprocess.Popen([sys.executable, "-c", script], env=env)
     try:
         deadline = time.monotonic() + 60
@@ -524,8 +546,7 @@ def test_logging_tensorboard_and_callable_sinks(caplog: pytest.LogCaptureFixture
             self.scalars.append((tag, value, step))
 
     writer, calls = Writer(), []
-    monitor = BucketMonitor(data.plan, sinks=[LoggingSink(), TensorBoardSink(writer=writer), calls.append],
-                            memory=None)
+    monitor = BucketMonitor(data.plan, sinks=[LoggingSink(), TensorBoardSink(writer=writer), calls.append], memory=None)
     batch = batches(data)[0]
     k = batch["info"].bucket
     with caplog.at_level(logging.DEBUG, logger="tokenbucket.monitor.hooks"):
@@ -554,7 +575,7 @@ def test_monitor_state_dict_round_trip_continues_the_aggregates(tmp_path: Path) 
     state = json.loads(json.dumps(first.state_dict()))  # it survives a JSON checkpoint
     second = BucketMonitor(data.plan, sinks=[], memory=None, clock=FakeClock())
     second.load_state_dict(state)
-    for batch in seen[len(seen) // 2:]:
+    for batch in seen[len(seen) // 2 :]:
         with second.step(batch["info"]):
             pass
     assert second.summary() == whole.summary() and second.step_count == len(seen)

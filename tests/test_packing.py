@@ -66,12 +66,21 @@ class TinyBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-def one_camera_data(n: int, seed: int, max_text: int, attention: str, **plan_kwargs: object
-                    ) -> tuple[TokenBucketDataset, CostModel]:
+def one_camera_data(
+    n: int, seed: int, max_text: int, attention: str, **plan_kwargs: object
+) -> tuple[TokenBucketDataset, CostModel]:
     """``n`` samples of one 14 px frame (1 token) plus 3 .. max_text text tokens, as real sequences."""
     rng = np.random.default_rng(seed)
-    table = pa.table({"key": [f"s{i:03d}" for i in range(n)], "cameras": [1] * n, "frames": [1] * n,
-                      "height": [14] * n, "width": [14] * n, "text_tokens": rng.integers(3, max_text, n)})
+    table = pa.table(
+        {
+            "key": [f"s{i:03d}" for i in range(n)],
+            "cameras": [1] * n,
+            "frames": [1] * n,
+            "height": [14] * n,
+            "width": [14] * n,
+            "text_tokens": rng.integers(3, max_text, n),
+        }
+    )
     spec = TokenSpec(patch=14)
     lengths = breakdown_table(table, spec).totals
     cost = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32", attention=attention))
@@ -92,14 +101,14 @@ def test_packed_row_computes_what_each_sample_alone_computes() -> None:
     checked = 0
     with torch.no_grad():
         for start in range(0, len(rows), 4):
-            batch = collate([data[i] for r in rows[start:start + 4] for i in r])
+            batch = collate([data[i] for r in rows[start : start + 4] for i in r])
             out = block(batch["tokens"], batch["position_ids"], block_diagonal_mask(batch["segment_ids"]))
             for r, row in enumerate(batch["index"]):
                 pos = 0
                 for i in row:
                     n = int(data.lengths[i])
                     alone = block(data[i][1]["tokens"][None], torch.arange(n)[None])[0]
-                    torch.testing.assert_close(out[r, pos:pos + n], alone, atol=1e-5, rtol=1e-5)
+                    torch.testing.assert_close(out[r, pos : pos + n], alone, atol=1e-5, rtol=1e-5)
                     pos += n
                     checked += 1
     assert checked == len(data)  # every sample, in every row, matched its solo run
@@ -110,7 +119,7 @@ def test_packed_collate_tensors_describe_the_rows() -> None:
     rows = pack_rows(data.lengths, 128, seed=3)
     collate = PackedCollate(data, 128, rows_per_batch=3, cost_model=cost)
     for start in range(0, len(rows), 3):
-        group = rows[start:start + 3]
+        group = rows[start : start + 3]
         batch = collate([data[i] for r in group for i in r])
         seg, pos = batch["segment_ids"], batch["position_ids"]
         assert batch["tokens"].shape == (3, 128, 16) and batch["info"].shape == (3, 128)
@@ -136,13 +145,25 @@ def test_packed_collate_tensors_describe_the_rows() -> None:
 
 def test_packed_collate_takes_a_sample_of_no_tokens() -> None:
     # metadata may describe a sample with no tokens (no camera, no text): it still gets a row
-    meta = pa.table({"key": ["a", "b", "c"], "cameras": [1, 1, 0], "frames": [1, 1, 1], "height": [28] * 3,
-                     "width": [28] * 3, "text_tokens": [1, 3, 0]})
+    meta = pa.table(
+        {
+            "key": ["a", "b", "c"],
+            "cameras": [1, 1, 0],
+            "frames": [1, 1, 1],
+            "height": [28] * 3,
+            "width": [28] * 3,
+            "text_tokens": [1, 3, 0],
+        }
+    )
     spec = TokenSpec(patch=14)
     totals = breakdown_table(meta, spec).totals
     cost = CostModel(ModelSpec(hidden=8, layers=1, heads=2, precision="fp32", attention="flash"))
-    data = TokenBucketDataset(RandomTokens(totals, 8), metadata=meta, spec=spec,
-                              plan=plan_buckets(totals, cost, 2**20, mode="packed", pack_length=16))
+    data = TokenBucketDataset(
+        RandomTokens(totals, 8),
+        metadata=meta,
+        spec=spec,
+        plan=plan_buckets(totals, cost, 2**20, mode="packed", pack_length=16),
+    )
     for order in ([2, 0, 1], [0, 2, 1], [2]):
         out = PackedCollate(data, 16, None)([data[i] for i in order])
         assert sorted(i for row in out["index"] for i in row) == sorted(order)
@@ -289,8 +310,24 @@ def test_packed_manifest_from_the_cli_feeds_the_packed_sampler(tmp_path: object)
 
     root = Path(str(tmp_path))
     pq.write_table(mixture_a(2000, seed=2), root / "meta.parquet")
-    code = main(["plan", str(root / "meta.parquet"), "--patch", "56", "--preset", "design-24L-1024", "--gpu",
-                 "H100-SXM", "--mode", "packed", "--on-oversize", "reject", "--out", str(root / "m.parquet")])
+    code = main(
+        [
+            "plan",
+            str(root / "meta.parquet"),
+            "--patch",
+            "56",
+            "--preset",
+            "design-24L-1024",
+            "--gpu",
+            "H100-SXM",
+            "--mode",
+            "packed",
+            "--on-oversize",
+            "reject",
+            "--out",
+            str(root / "m.parquet"),
+        ]
+    )
     assert code == 0
     manifest = load_manifest(root / "m.parquet")
     assert manifest.plan.mode == "packed" and len(manifest.plan.buckets) == 1

@@ -67,8 +67,10 @@ def test_plan_beats_quantile_bounds_on_the_objective(lengths: np.ndarray) -> Non
     sizes = [COST.max_batch(int(u), BUDGET) for u in q]
     check_plan(q.tolist(), sizes, COST, BUDGET)
     pos = np.searchsorted(q, kept, side="left")
-    quantile_seconds = sum(-(-int((pos == k).sum()) // b) * COST.step_seconds(b, int(u))
-                           for k, (u, b) in enumerate(zip(q, sizes, strict=True)))
+    quantile_seconds = sum(
+        -(-int((pos == k).sum()) // b) * COST.step_seconds(b, int(u))
+        for k, (u, b) in enumerate(zip(q, sizes, strict=True))
+    )
     assert plan.summary()["predicted_epoch_seconds"] < quantile_seconds
 
 
@@ -127,11 +129,14 @@ def test_plan_hand_plan_is_checked_against_the_cost_model() -> None:
         check_plan([1024], [1, 2], COST, BUDGET)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"max_buckets": 0}, "max_buckets"),
-    ({"mode": "sorted"}, "mode"),
-    ({"on_oversize": "drop"}, "on_oversize"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_buckets": 0}, "max_buckets"),
+        ({"mode": "sorted"}, "mode"),
+        ({"on_oversize": "drop"}, "on_oversize"),
+    ],
+)
 def test_plan_bad_arguments(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         plan_buckets([100, 200], COST, BUDGET, **kwargs)  # type: ignore[arg-type]
@@ -144,8 +149,9 @@ def test_plan_bad_arguments(kwargs: dict[str, object], match: str) -> None:
     mode=st.sampled_from(["static", "dynamic"]),
     eager=st.booleans(),
 )
-def test_plan_invariants_hold_on_random_length_distributions(lengths: list[int], k: int, mode: str,
-                                                             eager: bool) -> None:
+def test_plan_invariants_hold_on_random_length_distributions(
+    lengths: list[int], k: int, mode: str, eager: bool
+) -> None:
     cost = EAGER if eager else COST
     arr = np.asarray(lengths, dtype=np.int64)
     plan = plan_buckets(arr, cost, BUDGET, max_buckets=k, mode=mode, on_oversize="reject")  # type: ignore[arg-type]

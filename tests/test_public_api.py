@@ -10,8 +10,19 @@ import tokenbucket
 
 # what a user of the quickstart imports; the package must offer at least these at the top level
 CORE = {
-    "TokenSpec", "ModelSpec", "CostModel", "breakdown_table", "read_metadata", "plan_buckets", "build_manifest",
-    "load_manifest", "TokenBucketDataset", "BucketBatchSampler", "BucketCollate", "BatchInfo", "BucketMonitor",
+    "TokenSpec",
+    "ModelSpec",
+    "CostModel",
+    "breakdown_table",
+    "read_metadata",
+    "plan_buckets",
+    "build_manifest",
+    "load_manifest",
+    "TokenBucketDataset",
+    "BucketBatchSampler",
+    "BucketCollate",
+    "BatchInfo",
+    "BucketMonitor",
     "TokenbucketError",
 }
 
@@ -30,7 +41,10 @@ def exported_problems(package: object) -> list[str]:
         home = getattr(value, "__module__", None)
         if home is not None and not home.startswith("tokenbucket"):
             problems.append(f"{name} comes from {home}, not from tokenbucket")
-        elif home is not None and getattr(importlib.import_module(home), getattr(value, "__name__", name), None) is not value:
+        elif (
+            home is not None
+            and getattr(importlib.import_module(home), getattr(value, "__name__", name), None) is not value
+        ):
             problems.append(f"{name} says it lives in {home}, which does not define it")
     return problems
 

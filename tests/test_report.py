@@ -20,29 +20,81 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _events(*, measured: bool) -> list[dict[str, Any]]:
-    buckets = [{"bucket": k, "bound": 256 * (k + 1), "batch_size": 8 >> k, "predicted_peak_bytes": 2**30 * (k + 1)}
-               for k in LATENCIES]
-    events: list[dict[str, Any]] = [{"event": "start", "time": 100.0, "budget_bytes": 4 * 2**30,
-                                     "risk_threshold": 0.9, "drift_margin": 0.1, "plan_mode": "static",
-                                     "buckets": buckets}]
+    buckets = [
+        {"bucket": k, "bound": 256 * (k + 1), "batch_size": 8 >> k, "predicted_peak_bytes": 2**30 * (k + 1)}
+        for k in LATENCIES
+    ]
+    events: list[dict[str, Any]] = [
+        {
+            "event": "start",
+            "time": 100.0,
+            "budget_bytes": 4 * 2**30,
+            "risk_threshold": 0.9,
+            "drift_margin": 0.1,
+            "plan_mode": "static",
+            "buckets": buckets,
+        }
+    ]
     step = 0
     for bucket, latencies in LATENCIES.items():
         rows, length = 8 >> bucket, 256 * (bucket + 1)
         for latency in latencies:
             predicted = 2**30 * (bucket + 1)
-            events.append({"event": "step", "step": step, "time": 101.0 + step, "bucket": bucket, "rows": rows,
-                           "length": length, "real_tokens": rows * length // 2, "padded_tokens": rows * length,
-                           "latency_s": latency, "tokens_per_s": rows * length / 2 / latency,
-                           "predicted_bytes": predicted, "measured_bytes": int(predicted * 1.1) if measured else None,
-                           "reserved_bytes": predicted * 2 if measured else None, "risk": 0.25 * (bucket + 1)})
+            events.append(
+                {
+                    "event": "step",
+                    "step": step,
+                    "time": 101.0 + step,
+                    "bucket": bucket,
+                    "rows": rows,
+                    "length": length,
+                    "real_tokens": rows * length // 2,
+                    "padded_tokens": rows * length,
+                    "latency_s": latency,
+                    "tokens_per_s": rows * length / 2 / latency,
+                    "predicted_bytes": predicted,
+                    "measured_bytes": int(predicted * 1.1) if measured else None,
+                    "reserved_bytes": predicted * 2 if measured else None,
+                    "risk": 0.25 * (bucket + 1),
+                }
+            )
             step += 1
     events += [
-        {"event": "risk", "step": step, "time": 120.0, "bucket": 2, "rows": 2, "length": 768, "risk": 0.95,
-         "threshold": 0.9, "keys": ["ep7/0"], "tokens": {"vision": 700, "text": 68}, "cameras": {"top": 350}},
-        {"event": "oom", "step": step, "time": 121.0, "bucket": 2, "rows": 2, "length": 768, "keys": ["ep7/0"],
-         "tokens": {"vision": 700}, "cameras": {"top": 350}, "policy": "skip", "message": "CUDA out of memory"},
-        {"event": "drift", "step": step + 1, "time": 122.0, "bucket": 1, "ratio": 1.2, "margin": 0.1,
-         "suggested_factor": 0.9},
+        {
+            "event": "risk",
+            "step": step,
+            "time": 120.0,
+            "bucket": 2,
+            "rows": 2,
+            "length": 768,
+            "risk": 0.95,
+            "threshold": 0.9,
+            "keys": ["ep7/0"],
+            "tokens": {"vision": 700, "text": 68},
+            "cameras": {"top": 350},
+        },
+        {
+            "event": "oom",
+            "step": step,
+            "time": 121.0,
+            "bucket": 2,
+            "rows": 2,
+            "length": 768,
+            "keys": ["ep7/0"],
+            "tokens": {"vision": 700},
+            "cameras": {"top": 350},
+            "policy": "skip",
+            "message": "CUDA out of memory",
+        },
+        {
+            "event": "drift",
+            "step": step + 1,
+            "time": 122.0,
+            "bucket": 1,
+            "ratio": 1.2,
+            "margin": 0.1,
+            "suggested_factor": 0.9,
+        },
         {"event": "checkpoint_saved", "time": 123.0, "path": "ckpt/7"},  # a newer monitor's event: ignored
     ]
     return events

@@ -75,12 +75,22 @@ def _ddp_worker(rank: int, world: int, port: int, out: str, drop_last: bool, syn
 
 
 # world sizes 1-4 with the defaults; drop_last and unsynchronised buckets at 2 and 3 ranks (CI time)
-@pytest.mark.parametrize(("world", "drop_last", "sync"), [
-    (1, False, True), (2, False, True), (3, False, True), (4, False, True),
-    (2, True, True), (3, True, True), (2, False, False), (3, False, False),
-])
-def test_sampler_ddp_gloo_every_sample_once_and_equal_steps(tmp_path: Path, world: int, drop_last: bool,
-                                                            sync: bool) -> None:
+@pytest.mark.parametrize(
+    ("world", "drop_last", "sync"),
+    [
+        (1, False, True),
+        (2, False, True),
+        (3, False, True),
+        (4, False, True),
+        (2, True, True),
+        (3, True, True),
+        (2, False, False),
+        (3, False, False),
+    ],
+)
+def test_sampler_ddp_gloo_every_sample_once_and_equal_steps(
+    tmp_path: Path, world: int, drop_last: bool, sync: bool
+) -> None:
     out = tmp_path / "out.json"
     mp.spawn(_ddp_worker, args=(world, free_port(), str(out), drop_last, sync), nprocs=world, join=True)
     ranks = json.loads(out.read_text())
@@ -116,8 +126,9 @@ class _Loader:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         sampler = BucketBatchSampler(self.buckets, self.sizes, plan_id=PLAN_ID, seed=5)
-        return StatefulDataLoader(Indices(len(self.buckets)), batch_sampler=sampler, num_workers=self.workers,
-                                  collate_fn=list)
+        return StatefulDataLoader(
+            Indices(len(self.buckets)), batch_sampler=sampler, num_workers=self.workers, collate_fn=list
+        )
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -171,8 +182,9 @@ def test_dynamic_sampler_names_a_sample_its_cost_model_cannot_fit() -> None:
     budget = 2 * small.memory(1, int(lengths.max())).total
     plan = plan_buckets(lengths, small, budget, max_buckets=4, mode="dynamic", multiple=8)
     assert big.memory(1, int(lengths.max())).total > budget
-    sampler = BucketBatchSampler(plan.assign(lengths), plan.batch_sizes.tolist(), plan_id=PLAN_ID,
-                                 dynamic=(lengths, big, budget, 4))
+    sampler = BucketBatchSampler(
+        plan.assign(lengths), plan.batch_sizes.tolist(), plan_id=PLAN_ID, dynamic=(lengths, big, budget, 4)
+    )
     with pytest.raises(ConfigError, match=r"sample \d+ \([\d,]+ tokens\) fits not even alone"):
         list(sampler)  # never an empty batch
 
@@ -193,8 +205,15 @@ def test_sampler_same_seed_and_epoch_same_batches_in_two_processes() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "src")])}
 
     def run(epoch: int) -> Any:
-        proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(epoch)], capture_output=True, text=True,
-                              check=True, cwd=root, env=env, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", _SCRIPT, str(epoch)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=root,
+            env=env,
+            timeout=120,
+        )
         return json.loads(proc.stdout)
 
     assert run(4) == run(4)
@@ -229,13 +248,22 @@ def test_sampler_bad_arguments() -> None:
     drop_last=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_sampler_coverage_and_equal_steps_properties(counts: list[int], sizes: list[int], world: int, sync: bool,
-                                                     drop_last: bool, seed: int) -> None:
+def test_sampler_coverage_and_equal_steps_properties(
+    counts: list[int], sizes: list[int], world: int, sync: bool, drop_last: bool, seed: int
+) -> None:
     buckets = np.repeat(np.arange(len(counts)), counts)
     buckets = buckets[np.random.default_rng(seed).permutation(len(buckets))]
     n = len(buckets)
-    epoch = epoch_steps(buckets, sizes[: len(counts)], seed=seed, epoch=0, plan_id=PLAN_ID,
-                        world_size=world, sync_buckets=sync, drop_last=drop_last)
+    epoch = epoch_steps(
+        buckets,
+        sizes[: len(counts)],
+        seed=seed,
+        epoch=0,
+        plan_id=PLAN_ID,
+        world_size=world,
+        sync_buckets=sync,
+        drop_last=drop_last,
+    )
     dropped = epoch.dropped
     steps = [[np.array(epoch.batch(s, r)) for r in range(world)] for s in range(len(epoch))]
     assert epoch.steps.shape == (len(epoch), world)  # every rank has a batch at every step
@@ -256,8 +284,13 @@ def test_sampler_coverage_and_equal_steps_properties(counts: list[int], sizes: l
 def test_sampler_torch_dataloader_round_trip_with_persistent_workers() -> None:
     buckets, sizes = mixture_buckets(400)
     sampler = BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID)
-    loader = DataLoader(Indices(len(buckets)), batch_sampler=sampler, num_workers=2, persistent_workers=True,
-                        collate_fn=lambda b: torch.tensor(b))
+    loader = DataLoader(
+        Indices(len(buckets)),
+        batch_sampler=sampler,
+        num_workers=2,
+        persistent_workers=True,
+        collate_fn=lambda b: torch.tensor(b),
+    )
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
         got = sorted(int(i) for batch in loader for i in batch if int(i) < len(buckets))
@@ -274,8 +307,15 @@ def test_sampler_from_manifest_static_and_dynamic(tmp_path: Path) -> None:
     cost = CostModel(ModelSpec.preset("design-24L-1024"), "H100-SXM")
     budget = gpu_budget_bytes("H100-SXM")
     for mode in ("static", "dynamic"):
-        m = build_manifest(src, TokenSpec(patch=14), cost, tmp_path / f"{mode}.parquet", budget_bytes=budget,
-                           mode=mode, on_oversize="reject")
+        m = build_manifest(
+            src,
+            TokenSpec(patch=14),
+            cost,
+            tmp_path / f"{mode}.parquet",
+            budget_bytes=budget,
+            mode=mode,
+            on_oversize="reject",
+        )
         sampler = BucketBatchSampler.from_manifest(m, cost_model=cost, world_size=2, rank=0)
         totals = m.table.column("total").fill_null(0).to_numpy()
         n = len(totals)

@@ -37,11 +37,15 @@ FRAMES = 15
 # patch 14 counted by hand (one token per state vector and per action step).
 CASES: dict[str, dict[str, Any]] = {
     "pusht.json": {  # v2.0, fps 10, state 2, action 2
-        "deltas": {"observation.image": [-0.1, 0.0], "observation.state": [-0.1, 0.0],
-                   "action": [k / 10 for k in range(16)]},
+        "deltas": {
+            "observation.image": [-0.1, 0.0],
+            "observation.state": [-0.1, 0.0],
+            "action": [k / 10 for k in range(16)],
+        },
         "frames": {"observation.image": 2},
         # frame 0 asks for frame -1: clamped, once per episode
-        "padded_ep0": [1, 0, 0, 0, 0], "padded_all": 3,
+        "padded_ep0": [1, 0, 0, 0, 0],
+        "padded_all": 3,
         # vision 2 frames x ceil(96/14)^2 = 2 x 7 x 7 = 98; state 2 vectors; action 16 steps
         "tokens": 2 * 7 * 7 + 2 + 16,
     },
@@ -49,27 +53,38 @@ CASES: dict[str, dict[str, Any]] = {
         "deltas": {"observation.images.top": [-1 / 30, 0.0, 1 / 30], "action": [k / 30 for k in range(50)]},
         "frames": {"observation.images.top": 3, "observation.images.wrist": 1},
         # top asks for frames -1 and +1: the first and the last frame of each episode clamp one
-        "padded_ep0": [1, 0, 0, 0, 1], "padded_all": 6,
+        "padded_ep0": [1, 0, 0, 0, 1],
+        "padded_all": 6,
         # 480x640 → ceil(480/14) x ceil(640/14) = 35 x 46 = 1610 per frame; top 3 frames, wrist 1;
         # no state key → 1 state token; action 50 steps
         "tokens": 3 * 35 * 46 + 1 * 35 * 46 + 1 + 50,
     },
     "libero.json": {  # v2.1 in the file; planted here as v3.0 (Parquet episodes); fps 10
         "version": "v3.0",
-        "deltas": {"observation.images.image": [0.0], "observation.images.image2": [-0.2, -0.1, 0.0],
-                   "observation.state": [0.0], "action": [k / 10 for k in range(10)]},
+        "deltas": {
+            "observation.images.image": [0.0],
+            "observation.images.image2": [-0.2, -0.1, 0.0],
+            "observation.state": [0.0],
+            "action": [k / 10 for k in range(10)],
+        },
         "frames": {"observation.images.image": 1, "observation.images.image2": 3},
         # image2 asks for frames -2 and -1: frame 0 clamps both, frame 1 one
-        "padded_ep0": [2, 1, 0, 0, 0], "padded_all": 9,
+        "padded_ep0": [2, 1, 0, 0, 0],
+        "padded_all": 9,
         # 256x256 → ceil(256/14)^2 = 19 x 19 = 361; image 1 frame, image2 3; 1 state, 10 action
         "tokens": 1 * 19 * 19 + 3 * 19 * 19 + 1 + 10,
     },
     "gr00t_robot_sim_picknplace.json": {  # v2.0, fps 20.0 (a float), state 44, action 44
-        "deltas": {"observation.images.egoview": [-0.05, 0.0], "observation.images.ego_view": [0.0, 0.05, 0.1],
-                   "observation.state": [-0.05, 0.0], "action": [k / 20 for k in range(16)]},
+        "deltas": {
+            "observation.images.egoview": [-0.05, 0.0],
+            "observation.images.ego_view": [0.0, 0.05, 0.1],
+            "observation.state": [-0.05, 0.0],
+            "action": [k / 20 for k in range(16)],
+        },
         "frames": {"observation.images.egoview": 2, "observation.images.ego_view": 3},
         # egoview frame -1 clamps at frame 0; ego_view frames +1, +2 clamp at frames 3 (one) and 4 (two)
-        "padded_ep0": [1, 0, 0, 1, 2], "padded_all": 3 * 1 + 3 * 3,
+        "padded_ep0": [1, 0, 0, 1, 2],
+        "padded_all": 3 * 1 + 3 * 3,
         # egoview 800x1280 → ceil(800/14) x ceil(1280/14) = 58 x 92 = 5336, 2 frames;
         # ego_view 256x256 → 19 x 19 = 361, 3 frames; 2 state vectors; 16 action steps
         "tokens": 2 * 58 * 92 + 3 * 19 * 19 + 2 + 16,
@@ -77,8 +92,9 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def make_dataset(tmp_path: Path, info_file: str, *, version: str | None = None,
-                 episodes: list[tuple[int, int]] = EPISODES) -> Path:
+def make_dataset(
+    tmp_path: Path, info_file: str, *, version: str | None = None, episodes: list[tuple[int, int]] = EPISODES
+) -> Path:
     """A dataset folder: the real info.json (its version optionally replaced) + a synthetic episode list."""
     root = tmp_path / Path(info_file).stem
     meta = root / "meta"
@@ -91,13 +107,18 @@ def make_dataset(tmp_path: Path, info_file: str, *, version: str | None = None,
         chunk = meta / "episodes" / "chunk-000"
         chunk.mkdir(parents=True)
         ends = [sum(n for _, n in episodes[: k + 1]) for k in range(len(episodes))]
-        pq.write_table(pa.table({
-            "episode_index": [e for e, _ in episodes],
-            "length": [n for _, n in episodes],
-            "tasks": [["pick the thing"] for _ in episodes],
-            "dataset_from_index": [end - n for end, (_, n) in zip(ends, episodes, strict=True)],
-            "dataset_to_index": ends,
-        }), chunk / "file-000.parquet")
+        pq.write_table(
+            pa.table(
+                {
+                    "episode_index": [e for e, _ in episodes],
+                    "length": [n for _, n in episodes],
+                    "tasks": [["pick the thing"] for _ in episodes],
+                    "dataset_from_index": [end - n for end, (_, n) in zip(ends, episodes, strict=True)],
+                    "dataset_to_index": ends,
+                }
+            ),
+            chunk / "file-000.parquet",
+        )
     else:
         lines = [json.dumps({"episode_index": e, "length": n, "tasks": ["pick the thing"]}) for e, n in episodes]
         (meta / "episodes.jsonl").write_text("\n".join(lines) + "\n")
@@ -159,10 +180,15 @@ def test_lerobot_gr00t_mixed_resolution_counts_each_camera(lerobot_dir: str) -> 
 
 
 def test_lerobot_channels_first_shape_is_read_from_names() -> None:
-    info = read_lerobot_info({"fps": 10, "features": {
-        "cam": {"dtype": "image", "shape": [3, 120, 160], "names": ["channels", "height", "width"]},
-        "state": {"dtype": "float32", "shape": [6]},
-    }})
+    info = read_lerobot_info(
+        {
+            "fps": 10,
+            "features": {
+                "cam": {"dtype": "image", "shape": [3, 120, 160], "names": ["channels", "height", "width"]},
+                "state": {"dtype": "float32", "shape": [6]},
+            },
+        }
+    )
     assert [(c.height, c.width) for c in info.cameras] == [(120, 160)]
 
 
@@ -229,8 +255,11 @@ def test_lerobot_rows_values_columns_for_per_value_tokenizers(pusht: Path) -> No
 def test_lerobot_rows_missing_features_give_zero_tokens(tmp_path: Path) -> None:
     root = tmp_path / "cams_only"
     (root / "meta").mkdir(parents=True)
-    (root / "meta" / "info.json").write_text(json.dumps({"codebase_version": "v2.1", "fps": 15, "features": {
-        "cam": {"dtype": "video", "shape": [64, 64, 3]}}}))
+    (root / "meta" / "info.json").write_text(
+        json.dumps(
+            {"codebase_version": "v2.1", "fps": 15, "features": {"cam": {"dtype": "video", "shape": [64, 64, 3]}}}
+        )
+    )
     (root / "meta" / "episodes.jsonl").write_text('{"episode_index": 4, "length": 2}\n')
     rows = lerobot_rows(root)
     assert rows.column("proprio_tokens").to_pylist() == [0, 0]
@@ -239,14 +268,15 @@ def test_lerobot_rows_missing_features_give_zero_tokens(tmp_path: Path) -> None:
 
 
 def test_lerobot_rows_v3_reads_episode_files_in_chunk_file_order(lerobot_dir: str, tmp_path: Path) -> None:
-    root = make_dataset(tmp_path, os.path.join(lerobot_dir, "pusht.json"), version="v3.0",
-                        episodes=[(0, 2), (1, 4)])
+    root = make_dataset(tmp_path, os.path.join(lerobot_dir, "pusht.json"), version="v3.0", episodes=[(0, 2), (1, 4)])
     # a second file in the same chunk and a second chunk; none sorts before file-000
-    pq.write_table(pa.table({"episode_index": [2], "length": [3]}),
-                   root / "meta" / "episodes" / "chunk-000" / "file-001.parquet")
+    pq.write_table(
+        pa.table({"episode_index": [2], "length": [3]}), root / "meta" / "episodes" / "chunk-000" / "file-001.parquet"
+    )
     (root / "meta" / "episodes" / "chunk-001").mkdir()
-    pq.write_table(pa.table({"episode_index": [3], "length": [1]}),
-                   root / "meta" / "episodes" / "chunk-001" / "file-000.parquet")
+    pq.write_table(
+        pa.table({"episode_index": [3], "length": [1]}), root / "meta" / "episodes" / "chunk-001" / "file-000.parquet"
+    )
     meta = read_lerobot_metadata(root)
     assert (meta.episode_index, meta.length) == ((0, 1, 2, 3), (2, 4, 3, 1))
     assert lerobot_rows(meta).num_rows == 2 + 4 + 3 + 1
@@ -268,8 +298,11 @@ def test_lerobot_rows_cameras_selects_and_orders(svla: Path) -> None:
 
 
 def test_lerobot_rows_unknown_camera_lists_the_available_ones(svla: Path) -> None:
-    with pytest.raises(ConfigError, match=r"'observation.images.side'.*"
-                                          r"\['observation.images.top', 'observation.images.wrist'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'observation.images.side'.*"
+        r"\['observation.images.top', 'observation.images.wrist'\]",
+    ):
         lerobot_rows(svla, cameras=["observation.images.side"])
     with pytest.raises(ConfigError, match="list of camera keys"):
         lerobot_rows(svla, cameras="observation.images.top")  # type: ignore[arg-type]
@@ -289,8 +322,11 @@ def test_lerobot_rows_episodes_selects_in_file_order(pusht: Path) -> None:
 
 
 def test_lerobot_rows_unknown_delta_key_is_named(pusht: Path) -> None:
-    with pytest.raises(ConfigError, match=r"key 'observation.images.top' is neither a camera nor a feature.*"
-                                          r"\['observation.image'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"key 'observation.images.top' is neither a camera nor a feature.*"
+        r"\['observation.image'\]",
+    ):
         lerobot_rows(pusht, {"observation.images.top": [0.0]})
     # any real feature may carry offsets, counted or not
     assert lerobot_rows(pusht, {"next.reward": [0.0, 0.1]}).num_rows == FRAMES
@@ -299,12 +335,15 @@ def test_lerobot_rows_unknown_delta_key_is_named(pusht: Path) -> None:
         read_lerobot_metadata(pusht).info.sample({"observation.images.top": [0.0]})
 
 
-@pytest.mark.parametrize(("offsets", "match"), [
-    ([], "non-empty list"),
-    ([0.0, 0.05], r"0.05 s is not a whole number of frames at fps=10"),
-    ([float("nan")], "finite numbers"),
-    ("0.1", "non-empty list"),
-])
+@pytest.mark.parametrize(
+    ("offsets", "match"),
+    [
+        ([], "non-empty list"),
+        ([0.0, 0.05], r"0.05 s is not a whole number of frames at fps=10"),
+        ([float("nan")], "finite numbers"),
+        ("0.1", "non-empty list"),
+    ],
+)
 def test_lerobot_rows_bad_offsets_are_config_errors(pusht: Path, offsets: Any, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         lerobot_rows(pusht, {"action": offsets})
@@ -376,12 +415,20 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 PLAN_FLAGS = ("--patch", "14", "--preset", "design-24L-1024", "--gpu", "H100-SXM", "--json")
 
 
-def test_cli_plan_lerobot_one_sample_per_frame(pusht: Path, tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_plan_lerobot_one_sample_per_frame(pusht: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "m.parquet"
     deltas = CASES["pusht.json"]["deltas"]
-    code, text, err = run(capsys, "plan", "--lerobot", str(pusht), "--delta-timestamps", json.dumps(deltas),
-                          "--out", str(out), *PLAN_FLAGS)
+    code, text, err = run(
+        capsys,
+        "plan",
+        "--lerobot",
+        str(pusht),
+        "--delta-timestamps",
+        json.dumps(deltas),
+        "--out",
+        str(out),
+        *PLAN_FLAGS,
+    )
     assert code == 0, err
     assert json.loads(text)["summary"]["samples"] == FRAMES
     manifest = load_manifest(out)
@@ -392,13 +439,25 @@ def test_cli_plan_lerobot_one_sample_per_frame(pusht: Path, tmp_path: Path,
     assert list(tmp_path.glob("*.parquet")) == [out]  # the rows file does not stay behind
 
 
-def test_cli_plan_lerobot_recipe_file_and_cameras(svla: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_plan_lerobot_recipe_file_and_cameras(
+    svla: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     recipe = tmp_path / "deltas.json"
     recipe.write_text(json.dumps(CASES["svla_so100_pickplace.json"]["deltas"]))
     out = tmp_path / "m.parquet"
-    code, text, err = run(capsys, "plan", "--lerobot", str(svla), "--delta-timestamps", f"@{recipe}",
-                          "--cameras", "observation.images.top", "--out", str(out), *PLAN_FLAGS)
+    code, text, err = run(
+        capsys,
+        "plan",
+        "--lerobot",
+        str(svla),
+        "--delta-timestamps",
+        f"@{recipe}",
+        "--cameras",
+        "observation.images.top",
+        "--out",
+        str(out),
+        *PLAN_FLAGS,
+    )
     assert code == 0, err
     assert json.loads(text)["summary"]["samples"] == FRAMES
     # top only: 3 frames x 35 x 46 + 1 state + 50 action
@@ -413,11 +472,13 @@ def test_cli_plan_lerobot_argument_errors(pusht: Path, tmp_path: Path, capsys: p
     assert code == 1 and "not both" in err
     code, _, err = run(capsys, "plan", "meta.parquet", "--cameras", "a", "--out", out, *PLAN_FLAGS)
     assert code == 1 and "--cameras goes with --lerobot" in err
-    code, _, err = run(capsys, "plan", "--lerobot", str(pusht), "--delta-timestamps", "[0.1]", "--out", out,
-                       *PLAN_FLAGS)
+    code, _, err = run(
+        capsys, "plan", "--lerobot", str(pusht), "--delta-timestamps", "[0.1]", "--out", out, *PLAN_FLAGS
+    )
     assert code == 1 and "--delta-timestamps '[0.1]' should be a JSON object" in err
-    code, _, err = run(capsys, "plan", "--lerobot", str(pusht), "--delta-timestamps", "@missing.json", "--out", out,
-                       *PLAN_FLAGS)
+    code, _, err = run(
+        capsys, "plan", "--lerobot", str(pusht), "--delta-timestamps", "@missing.json", "--out", out, *PLAN_FLAGS
+    )
     assert code == 1 and "cannot read --delta-timestamps file 'missing.json'" in err
     code, _, err = run(capsys, "plan", "--lerobot", str(pusht), "--cameras", "wrist", "--out", out, *PLAN_FLAGS)
     assert code == 1 and "'wrist', which is not a camera" in err and "['observation.image']" in err

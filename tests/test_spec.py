@@ -66,10 +66,22 @@ def test_spec_slot_names_default_and_given() -> None:
 
 def test_spec_dict_round_trip_is_identity() -> None:
     spec = TokenSpec(
-        patch=16, resize="max_pixels", max_pixels=448 * 448, min_pixels=3136, merge=2, tubelet=2,
-        causal_first_frame=True, special_per_frame=1, special_per_camera=2, camera_slots=3,
-        camera_names=("top", "wrist"), overrides={"wrist": {"tokens_per_frame": 64}},
-        text=48, action="50*7", extras={"register": 4}, columns=ColumnMap(key=None, cameras="views"),
+        patch=16,
+        resize="max_pixels",
+        max_pixels=448 * 448,
+        min_pixels=3136,
+        merge=2,
+        tubelet=2,
+        causal_first_frame=True,
+        special_per_frame=1,
+        special_per_camera=2,
+        camera_slots=3,
+        camera_names=("top", "wrist"),
+        overrides={"wrist": {"tokens_per_frame": 64}},
+        text=48,
+        action="50*7",
+        extras={"register": 4},
+        columns=ColumnMap(key=None, cameras="views"),
     )
     again = TokenSpec.from_dict(spec.to_dict())
     assert again == spec
@@ -126,13 +138,16 @@ def test_spec_is_frozen() -> None:
 
 
 # NOTE [ Token presets ]: the published counts of ../shared/data/SOURCES.md, written out
-@pytest.mark.parametrize(("name", "row", "published"), [
-    ("pi0", {"cameras": 3, "frames": 1, "height": 480, "width": 640}, 3 * 256 + 48 + 1 + 50),
-    ("pi0", {"cameras": 1, "frames": 1, "height": 224, "width": 224}, 3 * 256 + 48 + 1 + 50),  # empty slots cost
-    ("openvla", {"cameras": 1, "frames": 1, "height": 224, "width": 224, "text_tokens": 20}, 256 + 20 + 7),
-    ("vjepa", {"cameras": 1, "frames": 16, "height": 224, "width": 224}, 8 * 14 * 14),
-    ("cosmos-dv4x8x8", {"cameras": 1, "frames": 9, "height": 512, "width": 512}, 3 * 64 * 64),
-])
+@pytest.mark.parametrize(
+    ("name", "row", "published"),
+    [
+        ("pi0", {"cameras": 3, "frames": 1, "height": 480, "width": 640}, 3 * 256 + 48 + 1 + 50),
+        ("pi0", {"cameras": 1, "frames": 1, "height": 224, "width": 224}, 3 * 256 + 48 + 1 + 50),  # empty slots cost
+        ("openvla", {"cameras": 1, "frames": 1, "height": 224, "width": 224, "text_tokens": 20}, 256 + 20 + 7),
+        ("vjepa", {"cameras": 1, "frames": 16, "height": 224, "width": 224}, 8 * 14 * 14),
+        ("cosmos-dv4x8x8", {"cameras": 1, "frames": 9, "height": 512, "width": 512}, 3 * 64 * 64),
+    ],
+)
 def test_token_presets_match_published_counts(name: str, row: dict[str, int], published: int) -> None:
     spec = TokenSpec.preset(name)
     assert breakdown_sample(row, spec).total == published

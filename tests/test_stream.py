@@ -30,8 +30,9 @@ BUDGET = 24 * 2**20
 
 def samples(n: int = 500, seed: int = 0) -> list[dict[str, Any]]:
     rows = mixture_a(n, seed=seed).to_pylist()
-    return [{"__key__": r["key"], "json": json.dumps(r).encode(), "__url__": f"shard{i // 100}"}
-            for i, r in enumerate(rows)]
+    return [
+        {"__key__": r["key"], "json": json.dumps(r).encode(), "__url__": f"shard{i // 100}"} for i, r in enumerate(rows)
+    ]
 
 
 def lengths_of(stream: list[dict[str, Any]]) -> np.ndarray:
@@ -53,7 +54,10 @@ def test_stream_every_sample_once_every_batch_fits(mode: str, max_buffered: int 
     assert sorted(keys) == sorted(s["__key__"] for s in stream)  # each sample exactly once
     lengths = dict(zip((s["__key__"] for s in stream), lengths_of(stream).tolist(), strict=True))
     for b in batches:
-        assert b.predicted_peak_bytes <= plan.budget_bytes and b.predicted_peak_bytes == COST.memory(b.rows, b.length).total
+        assert (
+            b.predicted_peak_bytes <= plan.budget_bytes
+            and b.predicted_peak_bytes == COST.memory(b.rows, b.length).total
+        )
         assert all(lengths[k] == n <= b.length for k, n in zip(b.keys, b.lengths, strict=True))
         assert all(plan.assign([n])[0] == b.bucket for n in b.lengths)  # one bucket per batch
         if mode == "static":
@@ -141,8 +145,12 @@ def test_stream_invalid_and_oversize_are_rejected_with_keys_and_the_rest_goes_on
     bad = [
         {"__key__": "corrupt", "json": b'{"cameras": 2, "frames"', "__url__": "shard9"},
         {"__key__": "negative", "json": json.dumps({"cameras": 1, "frames": -3, "height": 224, "width": 224}).encode()},
-        {"__key__": "huge", "json": json.dumps({**json.loads(stream[0]["json"]), "cameras": 8, "frames": 64,
-                                                "height": 896, "width": 896}).encode()},
+        {
+            "__key__": "huge",
+            "json": json.dumps(
+                {**json.loads(stream[0]["json"]), "cameras": 8, "frames": 64, "height": 896, "width": 896}
+            ).encode(),
+        },
         {"__key__": "nometa"},
     ]
     mixed = stream[:100] + bad[:2] + stream[100:200] + bad[2:] + stream[200:]
@@ -179,7 +187,7 @@ def test_stream_batches_target_pads_or_cuts_and_records_the_cut() -> None:
 def test_stream_batch_counts_match_the_stage_for_every_rank_and_worker() -> None:
     stream = samples(600)
     plan = plan_for(stream)
-    shards = [stream[i:i + 50] for i in range(0, 600, 50)]
+    shards = [stream[i : i + 50] for i in range(0, 600, 50)]
     lengths = [lengths_of(s).tolist() for s in shards]
     counts = stream_batch_counts(lengths, plan, world_size=3, num_workers=2, max_buffered=30)
     for rank in range(3):
@@ -213,8 +221,9 @@ def interleaved(n_shards: int = 4, per_shard: int = 40, window: int = 25, seed: 
     """Shards read one after another through a shuffle buffer: samples of neighbouring shards
     mix at every shard end (webdataset's ``.shuffle(window)`` after the shard reader)."""
     rows = samples(n_shards * per_shard, seed=seed)
-    ordered = [{**r, "__url__": f"shard-{i // per_shard}.tar", "__key__": f"{i % per_shard:06d}"}
-               for i, r in enumerate(rows)]  # keys repeat across shards, as webdataset's do
+    ordered = [
+        {**r, "__url__": f"shard-{i // per_shard}.tar", "__key__": f"{i % per_shard:06d}"} for i, r in enumerate(rows)
+    ]  # keys repeat across shards, as webdataset's do
     rng = np.random.default_rng(seed)
     buffer: list[dict[str, Any]] = []
     out = []
@@ -229,7 +238,8 @@ def interleaved(n_shards: int = 4, per_shard: int = 40, window: int = 25, seed: 
 
 def handled(batches: list[Any], records: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return [(s["__url__"], k) for b in batches for s, k in zip(b.samples, b.keys, strict=True)] + [
-        (r["shard"], r["key"]) for r in records]
+        (r["shard"], r["key"]) for r in records
+    ]
 
 
 def test_stream_resume_across_a_shuffle_buffer_is_exact_with_shard_sizes() -> None:
@@ -251,8 +261,10 @@ def test_stream_resume_across_a_shuffle_buffer_is_exact_with_shard_sizes() -> No
     # shard A seems over when B starts and A's samples have left; then a2 comes: without the sizes
     # a checkpoint there skipped all of A on resume (a2 lost); with them it is exact, and without
     # them the stage says that it saw a shard come back
-    mixed = [{**stream[i], "__url__": url, "__key__": key}
-             for i, (url, key) in enumerate([("A", "a0"), ("B", "b0"), ("B", "b1"), ("A", "a1"), ("B", "b2"), ("A", "a2")])]
+    mixed = [
+        {**stream[i], "__url__": url, "__key__": key}
+        for i, (url, key) in enumerate([("A", "a0"), ("B", "b0"), ("B", "b1"), ("A", "a1"), ("B", "b2"), ("A", "a2")])
+    ]
     small = plan_buckets(lengths_of(mixed).tolist() * 2, COST, BUDGET, max_buckets=1, multiple=32)
     small = dataclasses.replace(small, buckets=(dataclasses.replace(small.buckets[0], batch_size=2),))
     for stop in range(4):
@@ -291,14 +303,21 @@ def test_stream_batches_target_holds_across_a_resume_and_an_ended_pass_starts_th
 def test_stream_odd_metadata_is_rejected_not_raised() -> None:
     stream = samples(20)
     plan = plan_for(stream)
-    bad = [{"__key__": "past-int64", "json": json.dumps({"cameras": 1, "frames": 2**63, "height": 224,
-                                                           "width": 224}).encode()},
-           {"__key__": "not-structs", "json": json.dumps({"cameras": [1], "frames": 1, "height": 224,
-                                                            "width": 224}).encode()}]
+    bad = [
+        {
+            "__key__": "past-int64",
+            "json": json.dumps({"cameras": 1, "frames": 2**63, "height": 224, "width": 224}).encode(),
+        },
+        {
+            "__key__": "not-structs",
+            "json": json.dumps({"cameras": [1], "frames": 1, "height": 224, "width": 224}).encode(),
+        },
+    ]
     for lookahead in (1, 4, 64):  # whatever else shares the chunk
         records: list[dict[str, Any]] = []
-        batches = list(StreamBucketer(plan, SPEC, lookahead=lookahead, rejected=records.append)(
-            stream[:5] + bad + stream[5:]))
+        batches = list(
+            StreamBucketer(plan, SPEC, lookahead=lookahead, rejected=records.append)(stream[:5] + bad + stream[5:])
+        )
         assert sorted(k for b in batches for k in b.keys) == sorted(s["__key__"] for s in stream)
         assert {r["key"]: r["reason"] for r in records} == {"past-int64": "invalid", "not-structs": "invalid"}
 

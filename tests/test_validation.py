@@ -123,11 +123,18 @@ def test_validation_image_below_one_patch_under_crop() -> None:
 
 
 def test_validation_per_camera_field_names_the_camera() -> None:
-    table = pa.Table.from_pylist([
-        {"key": "a", "cameras": [{"name": "top", "frames": 4, "height": 224, "width": 224}]},
-        {"key": "b", "cameras": [{"name": "top", "frames": 4, "height": 224, "width": 224},
-                                 {"name": "wrist", "frames": -1, "height": 224, "width": 224}]},
-    ])
+    table = pa.Table.from_pylist(
+        [
+            {"key": "a", "cameras": [{"name": "top", "frames": 4, "height": 224, "width": 224}]},
+            {
+                "key": "b",
+                "cameras": [
+                    {"name": "top", "frames": 4, "height": 224, "width": 224},
+                    {"name": "wrist", "frames": -1, "height": 224, "width": 224},
+                ],
+            },
+        ]
+    )
     with pytest.raises(InvalidValueError) as info:
         breakdown_table(table, SPEC)
     assert_names(info.value, 1, "b", "cameras[1].frames", "cameras[1].frames=-1")
@@ -192,8 +199,14 @@ def test_validation_bad_spec_names_field_and_value(kwargs: dict[str, Any], match
 
 
 def test_validation_errors_share_one_family() -> None:
-    for cls in (ConfigError, MetadataError, MissingColumnError, InvalidValueError, DuplicateKeyError,
-                ImageTooSmallError):
+    for cls in (
+        ConfigError,
+        MetadataError,
+        MissingColumnError,
+        InvalidValueError,
+        DuplicateKeyError,
+        ImageTooSmallError,
+    ):
         assert issubclass(cls, TokenbucketError)
         assert issubclass(cls, ValueError)
 
@@ -210,6 +223,7 @@ def test_validation_duplicate_key_found_in_sorted_and_unsorted_keys() -> None:
         with pytest.raises(DuplicateKeyError) as info:
             breakdown_table(table, SPEC)
         assert info.value.row == dup_row
-    unique = pa.table({"key": ["c", "a", "b"], "cameras": [1] * 3, "frames": [1] * 3, "height": [14] * 3,
-                       "width": [14] * 3})
+    unique = pa.table(
+        {"key": ["c", "a", "b"], "cameras": [1] * 3, "frames": [1] * 3, "height": [14] * 3, "width": [14] * 3}
+    )
     assert breakdown_table(unique, SPEC).table.num_rows == 3

@@ -64,8 +64,12 @@ def write_shards(root: Path, n: int = 480, shards: int = 8, seed: int = 0, bad: 
             if bad and s == 5:
                 huge = {**rows[0], "key": "too-long", "cameras": 8, "frames": 64, "height": 896, "width": 896}
                 sink.write({"__key__": "too-long", "json": json.dumps(huge).encode(), "tokens.npy": tokens[:1]})
-    return {"urls": urls, "plan": plan, "keys": [r["key"] for r in rows], "lengths": dict(zip(
-        (r["key"] for r in rows), lengths.tolist(), strict=True))}
+    return {
+        "urls": urls,
+        "plan": plan,
+        "keys": [r["key"] for r in rows],
+        "lengths": dict(zip((r["key"] for r in rows), lengths.tolist(), strict=True)),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -74,13 +78,16 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_wds_every_sample_once_batches_fit_rejects_recorded(shards: dict[str, Any], tmp_path: Path,
-                                                            num_workers: int) -> None:
+def test_wds_every_sample_once_batches_fit_rejects_recorded(
+    shards: dict[str, Any], tmp_path: Path, num_workers: int
+) -> None:
     plan, rejected = shards["plan"], tmp_path / "rejected.jsonl"
     # the .json member is left to the stage (decoded upstream, a corrupt one would stop the pipeline)
-    data = (wds.WebDataset(shards["urls"], shardshuffle=False, empty_check=False)
-            .decode(only=["tokens.npy"])
-            .compose(bucketed(plan, SPEC, cost_model=COST, rejected=str(rejected), max_buffered=64)))
+    data = (
+        wds.WebDataset(shards["urls"], shardshuffle=False, empty_check=False)
+        .decode(only=["tokens.npy"])
+        .compose(bucketed(plan, SPEC, cost_model=COST, rejected=str(rejected), max_buffered=64))
+    )
     loader = DataLoader(data, batch_size=None, num_workers=num_workers, collate_fn=StreamCollate("tokens.npy"))
     keys: list[str] = []
     for batch in loader:
@@ -137,8 +144,11 @@ def test_wds_resume_across_a_shuffle_buffer_through_the_index(shards: dict[str, 
     sizes = dict(zip(index.urls, (len(k) for k in index.keys), strict=True))
 
     def loader(seed: int) -> Any:
-        source = (wds.WebDataset(shards["urls"], shardshuffle=False, empty_check=False, seed=seed)
-                  .shuffle(40, initial=40).decode(only=["tokens.npy"]))  # samples of neighbouring shards mix
+        source = (
+            wds.WebDataset(shards["urls"], shardshuffle=False, empty_check=False, seed=seed)
+            .shuffle(40, initial=40)
+            .decode(only=["tokens.npy"])
+        )  # samples of neighbouring shards mix
         stage = BucketedStream(source, plan, SPEC, cost_model=COST, shard_sizes=sizes, lookahead=8)
         return StatefulDataLoader(stage, batch_size=None, collate_fn=StreamCollate("tokens.npy"))
 
@@ -154,8 +164,12 @@ def test_wds_resume_across_a_shuffle_buffer_through_the_index(shards: dict[str, 
 
 
 def test_wds_with_epoch_gives_a_fixed_number_of_batches(shards: dict[str, Any]) -> None:
-    data = (wds.WebDataset(shards["urls"], shardshuffle=False, empty_check=False).decode(only=["tokens.npy"])
-            .compose(bucketed(shards["plan"], SPEC, cost_model=COST)).with_epoch(7))
+    data = (
+        wds.WebDataset(shards["urls"], shardshuffle=False, empty_check=False)
+        .decode(only=["tokens.npy"])
+        .compose(bucketed(shards["plan"], SPEC, cost_model=COST))
+        .with_epoch(7)
+    )
     assert len(list(data)) == 7
 
 
@@ -175,8 +189,11 @@ def _ddp_worker(rank: int, world: int, port: int, root: str, out: str) -> None:
         plan = BucketPlan.from_json(meta["plan"])
         # every rank computes the same count from the index (NOTE [ Equal steps from a shard index ])
         stage = index_shards(urls, SPEC).bucketed(plan, SPEC, world_size=world, num_workers=0, max_buffered=64)
-        data = (wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node, empty_check=False)
-                .decode().compose(stage))
+        data = (
+            wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node, empty_check=False)
+            .decode()
+            .compose(stage)
+        )
         loader = DataLoader(data, batch_size=None, num_workers=0, collate_fn=StreamCollate("tokens.npy"))
         keys, count = [], 0
         for batch in loader:
@@ -199,8 +216,9 @@ def test_wds_ddp_gloo_equal_steps_and_no_sample_on_two_ranks(tmp_path: Path, wor
     out = tmp_path / "out.json"
     mp.spawn(_ddp_worker, args=(world, free_port(), str(tmp_path), str(out)), nprocs=world, join=True)
     ranks = json.loads(out.read_text())
-    natural = stream_batch_counts(index_shards(made["urls"], SPEC).lengths, made["plan"], world_size=world,
-                                  max_buffered=64)
+    natural = stream_batch_counts(
+        index_shards(made["urls"], SPEC).lengths, made["plan"], world_size=world, max_buffered=64
+    )
     assert natural.min() < natural.max()  # left alone, the ranks would take different step counts
     assert len({r["steps"] for r in ranks}) == 1  # the same number of steps on every rank
     assert ranks[0]["steps"] == natural.max()

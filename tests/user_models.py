@@ -11,8 +11,9 @@ class TinyViT(nn.Module):
 
     def __init__(self, hidden: int = 128, layers: int = 2) -> None:
         super().__init__()
-        layer = nn.TransformerEncoderLayer(hidden, nhead=4, dim_feedforward=4 * hidden, batch_first=True,
-                                           norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            hidden, nhead=4, dim_feedforward=4 * hidden, batch_first=True, norm_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(hidden, 10)
 

@@ -34,8 +34,9 @@ def largest_fitting(fits: Callable[[int], bool], lo: int, hi: int) -> int:
     return lo
 
 
-def grow_then_bisect(fits: Callable[[int], bool], start: int = 1, *, limit: int = 1 << 40,
-                     what: str = "the search") -> int:
+def grow_then_bisect(
+    fits: Callable[[int], bool], start: int = 1, *, limit: int = 1 << 40, what: str = "the search"
+) -> int:
     """The largest ``n >= start`` with ``fits(n)``, ``start - 1`` when ``fits(start)`` is false
     (NOTE [ Doubling then bisection ]).
 

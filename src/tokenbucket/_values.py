@@ -81,9 +81,7 @@ class Problems:
     def __init__(self) -> None:
         self.entries: list[tuple[np.ndarray, np.ndarray, str, Any, Any]] = []
 
-    def add(
-        self, rows: np.ndarray, priority: int | np.ndarray, reason: str, column: Any, values: Any
-    ) -> None:
+    def add(self, rows: np.ndarray, priority: int | np.ndarray, reason: str, column: Any, values: Any) -> None:
         if len(rows) == 0:
             return
         prio = np.broadcast_to(np.asarray(priority, dtype=np.int64), rows.shape)

@@ -43,26 +43,44 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-pixels", type=int, help="upper pixel bound for --resize max_pixels")
     g.add_argument("--merge", type=int, help="spatial token merger side (2 = 2x2)")
     g.add_argument("--tubelet", type=int, help="frames per temporal token")
-    g.add_argument("--causal-first-frame", action=argparse.BooleanOptionalAction, default=None,
-                   help="keep frame 0 apart: 1 + ceil((frames-1)/tubelet)")
+    g.add_argument(
+        "--causal-first-frame",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep frame 0 apart: 1 + ceil((frames-1)/tubelet)",
+    )
     g.add_argument("--tokens-per-frame", type=int, help="resampler output per frame (replaces patches)")
     g.add_argument("--special-per-frame", type=int, help="special tokens per temporal token")
     g.add_argument("--special-per-camera", type=int, help="special tokens per camera")
     g.add_argument("--camera-slots", type=int, help="fixed camera slots (empty ones still cost)")
     g.add_argument("--camera-names", help="comma-separated names of the flat schema's camera positions")
-    g.add_argument("--override", action="append", default=[], metavar="CAMERA:FIELD=VALUE",
-                   help="per-camera override, e.g. wrist:tokens_per_frame=64 (repeatable)")
+    g.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="CAMERA:FIELD=VALUE",
+        help="per-camera override, e.g. wrist:tokens_per_frame=64 (repeatable)",
+    )
     for name in ("text", "proprio", "action", "memory"):
-        g.add_argument(f"--{name}", metavar="RULE",
-                       help=f"{name} tokens: N, COLUMN, N*K, COLUMN*K; '?' after a column makes it optional")
-    g.add_argument("--extra", action="append", default=[], metavar="NAME=RULE", help="named extra modality (repeatable)")
-    g.add_argument("--column", action="append", default=[], metavar="FIELD=NAME",
-                   help="metadata column mapping, e.g. key=episode_id or cameras=views (repeatable)")
+        g.add_argument(
+            f"--{name}",
+            metavar="RULE",
+            help=f"{name} tokens: N, COLUMN, N*K, COLUMN*K; '?' after a column makes it optional",
+        )
+    g.add_argument(
+        "--extra", action="append", default=[], metavar="NAME=RULE", help="named extra modality (repeatable)"
+    )
+    g.add_argument(
+        "--column",
+        action="append",
+        default=[],
+        metavar="FIELD=NAME",
+        help="metadata column mapping, e.g. key=episode_id or cameras=views (repeatable)",
+    )
 
 
 def _add_model_flags(p: argparse.ArgumentParser, *, with_config: bool = False, mode_flag: str = "--mode") -> None:
-    g = p.add_argument_group("model (each overrides --config's [model] and --preset; "
-                             "default preset design-24L-1024)")
+    g = p.add_argument_group("model (each overrides --config's [model] and --preset; default preset design-24L-1024)")
     if with_config:
         g.add_argument("--config", type=Path, help="tokenbucket.toml whose [model] section is the base")
     g.add_argument("--preset", help="start from a named model (see ModelSpec presets)")
@@ -89,8 +107,22 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
         data = load_toml_section(args.config, "model")
     if args.preset is not None:
         data["preset"] = args.preset
-    for name in ("hidden", "layers", "heads", "kv_heads", "mlp_ratio", "gated_mlp", "precision", "attention",
-                 "window", "checkpointing", "mode", "optimizer", "extra_params", "extra_bytes"):
+    for name in (
+        "hidden",
+        "layers",
+        "heads",
+        "kv_heads",
+        "mlp_ratio",
+        "gated_mlp",
+        "precision",
+        "attention",
+        "window",
+        "checkpointing",
+        "mode",
+        "optimizer",
+        "extra_params",
+        "extra_bytes",
+    ):
         value = getattr(args, name)
         if value is not None:
             data[name] = value
@@ -186,11 +218,17 @@ def _sample_arg(text: str) -> dict[str, Any]:
 
 def _print_summary(summary: dict[str, Any], source: str, out: TextIO | None = None) -> None:
     out = out or sys.stdout
-    print(f"{source}: {summary['count']:,} samples, {summary['rejected']:,} rejected, "
-          f"{summary['tokens']:,} tokens", file=out)
+    print(
+        f"{source}: {summary['count']:,} samples, {summary['rejected']:,} rejected, {summary['tokens']:,} tokens",
+        file=out,
+    )
     if summary["count"]:
-        print("L_total   " + "  ".join(f"{k}={summary[k]:,}" for k in ("min", "p50", "p90", "p99", "max"))
-              + f"  mean={summary['mean']:,.0f}", file=out)
+        print(
+            "L_total   "
+            + "  ".join(f"{k}={summary[k]:,}" for k in ("min", "p50", "p90", "p99", "max"))
+            + f"  mean={summary['mean']:,.0f}",
+            file=out,
+        )
     print("share     " + "  ".join(f"{k} {v:6.1%}" for k, v in summary["share"].items()), file=out)
 
 
@@ -199,9 +237,16 @@ def _plan_json(plan: BucketPlan) -> dict[str, Any]:
         "budget_bytes": plan.budget_bytes,
         "mode": plan.mode,
         "buckets": [
-            {"bound": b.bound, "batch_size": b.batch_size, "samples": b.samples, "batches": b.batches,
-             "predicted_peak_bytes": b.predicted_peak_bytes, "fill": b.fill,
-             "padding_efficiency": b.padding_efficiency, "step_seconds": b.step_seconds}
+            {
+                "bound": b.bound,
+                "batch_size": b.batch_size,
+                "samples": b.samples,
+                "batches": b.batches,
+                "predicted_peak_bytes": b.predicted_peak_bytes,
+                "fill": b.fill,
+                "padding_efficiency": b.padding_efficiency,
+                "step_seconds": b.step_seconds,
+            }
             for b in plan.buckets
         ],
         "summary": plan.summary(),
@@ -210,21 +255,29 @@ def _plan_json(plan: BucketPlan) -> dict[str, Any]:
 
 
 def _print_plan(plan: BucketPlan) -> None:
-    print(f"{'bucket':>6} {'bound':>8} {'batch':>6} {'samples':>9} {'batches':>8} {'peak':>11} {'fill':>6} "
-          f"{'padding eff':>12} {'step ms':>9}")
+    print(
+        f"{'bucket':>6} {'bound':>8} {'batch':>6} {'samples':>9} {'batches':>8} {'peak':>11} {'fill':>6} "
+        f"{'padding eff':>12} {'step ms':>9}"
+    )
     for k, b in enumerate(plan.buckets):
-        print(f"{k:>6} {b.bound:>8,} {b.batch_size:>6} {b.samples:>9,} {b.batches:>8,} {_gib(b.predicted_peak_bytes):>11} "
-              f"{b.fill:>6.1%} {b.padding_efficiency:>12.1%} {b.step_seconds * 1e3:>9.1f}")
+        print(
+            f"{k:>6} {b.bound:>8,} {b.batch_size:>6} {b.samples:>9,} {b.batches:>8,} {_gib(b.predicted_peak_bytes):>11} "
+            f"{b.fill:>6.1%} {b.padding_efficiency:>12.1%} {b.step_seconds * 1e3:>9.1f}"
+        )
     s = plan.summary()
     shapes = s["shapes"] if s["shapes"] is not None else "dynamic"
-    print(f"{s['samples']:,} samples in {s['batches']:,} batches, {shapes} shapes, padding efficiency "
-          f"{s['padding_efficiency']:.1%}, mean fill {s['mean_fill']:.1%}, predicted epoch "
-          f"{s['predicted_epoch_seconds'] / 3600:,.2f} h, over budget: {s['over_budget_batches']}; "
-          f"rejected {s['rejected']:,} (budget {_gib(plan.budget_bytes)})")
+    print(
+        f"{s['samples']:,} samples in {s['batches']:,} batches, {shapes} shapes, padding efficiency "
+        f"{s['padding_efficiency']:.1%}, mean fill {s['mean_fill']:.1%}, predicted epoch "
+        f"{s['predicted_epoch_seconds'] / 3600:,.2f} h, over budget: {s['over_budget_batches']}; "
+        f"rejected {s['rejected']:,} (budget {_gib(plan.budget_bytes)})"
+    )
     if plan.oversize:
         o = plan.oversize
-        print(f"oversize: {o['count']:,} samples longer than {o['longest_fitting']:,} tokens (the largest, "
-              f"{o['largest']:,} tokens, needs {_gib(o['largest_bytes'])} alone)")
+        print(
+            f"oversize: {o['count']:,} samples longer than {o['longest_fitting']:,} tokens (the largest, "
+            f"{o['largest']:,} tokens, needs {_gib(o['largest_bytes'])} alone)"
+        )
 
 
 def _json_object_arg(text: str, flag: str) -> dict[str, Any]:

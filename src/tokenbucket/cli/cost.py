@@ -1,6 +1,6 @@
 """``tokenbucket cost``: itemised memory, FLOPs and fit of one batch shape.
 
-    tokenbucket cost [model flags] --batch B --length L [--gpu NAME | --budget-gib X] [--json]
+tokenbucket cost [model flags] --batch B --length L [--gpu NAME | --budget-gib X] [--json]
 """
 
 from __future__ import annotations
@@ -40,9 +40,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"{model.name or 'model'}: {model.layers} x D={model.hidden}, {model.heads} heads "
-          f"({model.kv_heads} kv), {model.precision}, {model.attention}, {model.mode}, "
-          f"{model.params / 1e6:,.1f} M params; batch {args.batch} x length {args.length:,}")
+    print(
+        f"{model.name or 'model'}: {model.layers} x D={model.hidden}, {model.heads} heads "
+        f"({model.kv_heads} kv), {model.precision}, {model.attention}, {model.mode}, "
+        f"{model.params / 1e6:,.1f} M params; batch {args.batch} x length {args.length:,}"
+    )
     for k in MEMORY_ITEMS:
         print(f"  {k:<17} {_gib(getattr(mem, k)):>14}")
     print(f"  {'total (peak)':<17} {_gib(mem.total):>14}   at the {mem.phase} phase")

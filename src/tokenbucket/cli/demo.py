@@ -70,51 +70,64 @@ def run(args: argparse.Namespace) -> int:
     print("\nlargest samples (the ones that OOM a naive batch):")
     meta = table.take([r["index"] for r in biggest]).to_pylist()
     for r, m in zip(biggest, meta, strict=True):
-        print(f"  {r['key']}: {m['cameras']} cameras x {m['frames']} frames x {m['height']}px "
-              f"-> {r['total']:,} tokens (vision {r['vision']:,})")
+        print(
+            f"  {r['key']}: {m['cameras']} cameras x {m['frames']} frames x {m['height']}px "
+            f"-> {r['total']:,} tokens (vision {r['vision']:,})"
+        )
 
     model = ModelSpec.preset("design-24L-1024")
     cost = CostModel(model, "H100-SXM")
     budget = gpu_budget_bytes("H100-SXM")
-    print(f"\non {model.name} ({model.precision}, {model.attention} attention, training) on an H100-SXM "
-          f"(budget {_gib(budget)}):")
+    print(
+        f"\non {model.name} ({model.precision}, {model.attention} attention, training) on an H100-SXM "
+        f"(budget {_gib(budget)}):"
+    )
     for label in ("p50", "p90", "p99", "max"):
         length = summary[label]
-        print(f"  {label} sample, {length:>7,} tokens: {_gib(cost.memory(1, length).total):>10} alone, "
-              f"largest batch {cost.max_batch(length, budget)}")
+        print(
+            f"  {label} sample, {length:>7,} tokens: {_gib(cost.memory(1, length).total):>10} alone, "
+            f"largest batch {cost.max_batch(length, budget)}"
+        )
     wd = dataclasses.replace(spec, tubelet=2)
     halved = breakdown_table(table, wd).summary()
     print(f"(with tubelet=2 the p99 would drop from {summary['p99']:,} to {halved['p99']:,} tokens)")
 
     manifest_path = out_dir / "manifest.parquet"
-    print(f"\n4. planning at most 32 static shapes under the H100 budget; samples that fit not even alone "
-          f"are rejected with their reason -> {manifest_path}")
+    print(
+        f"\n4. planning at most 32 static shapes under the H100 budget; samples that fit not even alone "
+        f"are rejected with their reason -> {manifest_path}"
+    )
     start = time.perf_counter()
     # build_manifest records the cost model's model and GPU itself
-    manifest = build_manifest(path, spec, cost, manifest_path, budget_bytes=budget, on_oversize="reject",
-                              progress=False)
+    manifest = build_manifest(
+        path, spec, cost, manifest_path, budget_bytes=budget, on_oversize="reject", progress=False
+    )
     print(f"   planned and written in {time.perf_counter() - start:.2f} s\n")
     _print_plan(manifest.plan)
 
-    print("\n5. a short CPU training run under the monitor: the first 384 samples, tokenised coarsely "
-          "(patch 112), a 2-layer model, a 96 MiB \"GPU\" so the plan has several buckets")
+    print(
+        "\n5. a short CPU training run under the monitor: the first 384 samples, tokenised coarsely "
+        '(patch 112), a 2-layer model, a 96 MiB "GPU" so the plan has several buckets'
+    )
     start = time.perf_counter()
     training = train_under_monitor(table, out_dir)
-    print(f"   {training['steps']} steps over {len(training['plan'].buckets)} buckets in "
-          f"{time.perf_counter() - start:.1f} s; per bucket (CPU: no measured memory):\n")
+    print(
+        f"   {training['steps']} steps over {len(training['plan'].buckets)} buckets in "
+        f"{time.perf_counter() - start:.1f} s; per bucket (CPU: no measured memory):\n"
+    )
     print(format_summary(training["summary"]))
     print(f"\n   run log: {training['log']}")
     try:
         files = write_report(read_events(training["log"]), out_dir / "report")
-        print(f"   report: {files.html} (plots beside it); again with "
-              f"`tokenbucket report {training['log']} --out DIR`")
+        print(f"   report: {files.html} (plots beside it); again with `tokenbucket report {training['log']} --out DIR`")
     except ConfigError as exc:  # matplotlib is the optional `plot` extra
         print(f"   no plots: {exc}")
     return 0
 
 
-def train_under_monitor(table: pa.Table, out_dir: Path, *, samples: int = 384,
-                        budget_bytes: int = 96 * 2**20) -> dict[str, Any]:
+def train_under_monitor(
+    table: pa.Table, out_dir: Path, *, samples: int = 384, budget_bytes: int = 96 * 2**20
+) -> dict[str, Any]:
     """Plans ``samples`` rows of ``table`` for a tiny model and budget, trains one epoch under a
     :class:`~tokenbucket.monitor.hooks.BucketMonitor`; returns the summary, the log and the plan."""
     table = table.slice(0, samples)
@@ -145,5 +158,11 @@ def train_under_monitor(table: pa.Table, out_dir: Path, *, samples: int = 384,
         train = monitor.guard(train_step, policy="split")  # an OOM would split the batch, not end the run
         losses = [train(batch) for batch in loader]
         summary = monitor.summary()
-    return {"summary": summary, "log": log, "plan": plan, "steps": len(losses), "samples": table.num_rows,
-            "budget_bytes": budget_bytes}
+    return {
+        "summary": summary,
+        "log": log,
+        "plan": plan,
+        "steps": len(losses),
+        "samples": table.num_rows,
+        "budget_bytes": budget_bytes,
+    }

@@ -1,6 +1,6 @@
 """``tokenbucket gpus``: the GPU registry and each GPU's memory budget.
 
-    tokenbucket gpus [--json]
+tokenbucket gpus [--json]
 """
 
 from __future__ import annotations
@@ -19,8 +19,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     rows = [
-        {"name": g.name, "visible_gib": g.visible_gib, "budget_gib": round(gpu_budget_bytes(g) / 2**30, 2),
-         "bf16_tflops": g.bf16_tflops, "bandwidth_tbs": g.bandwidth_tbs}
+        {
+            "name": g.name,
+            "visible_gib": g.visible_gib,
+            "budget_gib": round(gpu_budget_bytes(g) / 2**30, 2),
+            "bf16_tflops": g.bf16_tflops,
+            "bandwidth_tbs": g.bandwidth_tbs,
+        }
         for g in GPUS.values()
     ]
     if args.json:
@@ -29,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'gpu':<11} {'visible':>9} {'budget':>9} {'bf16 TFLOP/s':>13} {'TB/s':>6}")
     for r in rows:
         tf = "no bf16" if r["bf16_tflops"] is None else f"{r['bf16_tflops']:,.0f}"
-        print(f"{r['name']:<11} {r['visible_gib']:>7.2f}Gi {r['budget_gib']:>7.2f}Gi {tf:>13} {r['bandwidth_tbs']:>6.2f}")
+        print(
+            f"{r['name']:<11} {r['visible_gib']:>7.2f}Gi {r['budget_gib']:>7.2f}Gi {tf:>13} {r['bandwidth_tbs']:>6.2f}"
+        )
     print("budget = (visible - 0.5 GiB CUDA context - 0.25 GiB workspace) / 1.1")
     return 0

@@ -35,8 +35,10 @@ def run(args: argparse.Namespace) -> int:
         out["meta"] = manifest.meta.get("meta", {})
         print(json.dumps(out))
     else:
-        print(f"{args.manifest}: {len(manifest):,} rows, created {manifest.meta.get('created')}, "
-              f"hash {manifest.content_hash[:12]}")
+        print(
+            f"{args.manifest}: {len(manifest):,} rows, created {manifest.meta.get('created')}, "
+            f"hash {manifest.content_hash[:12]}"
+        )
         _print_plan(manifest.plan)
         totals = manifest.table.column("total").drop_null().to_numpy()
         if len(totals):

@@ -1,6 +1,6 @@
 """``tokenbucket ledger``: one sample's tokens as bytes and FLOPs, with what-ifs.
 
-    tokenbucket ledger --sample JSON [token flags] [model flags] [--whatif frames=32 ...] [--json]
+tokenbucket ledger --sample JSON [token flags] [model flags] [--whatif frames=32 ...] [--json]
 """
 
 from __future__ import annotations
@@ -24,8 +24,13 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample", required=True, help="one sample as a JSON object")
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--whatif", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
-                        help="e.g. frames=32, side=448, kv_heads=4, patch=28, batch=2 (repeatable)")
+    parser.add_argument(
+        "--whatif",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE[,NAME=VALUE]",
+        help="e.g. frames=32, side=448, kv_heads=4, patch=28, batch=2 (repeatable)",
+    )
     parser.add_argument("--json", action="store_true")
     _add_spec_flags(parser)
     _add_model_flags(parser)
@@ -44,7 +49,12 @@ def run(args: argparse.Namespace) -> int:
         ("tokens (L)", led["tokens"]["total"], "tokens.total", "n"),
         ("hidden per layer", led["per_layer"]["hidden_bytes"], "per_layer.hidden_bytes", "b"),
         ("Q/K/V per layer", led["per_layer"]["qkv_bytes"], "per_layer.qkv_bytes", "b"),
-        ("one score tensor per layer", led["per_layer"]["attention_score_bytes"], "per_layer.attention_score_bytes", "b"),
+        (
+            "one score tensor per layer",
+            led["per_layer"]["attention_score_bytes"],
+            "per_layer.attention_score_bytes",
+            "b",
+        ),
         ("attention FLOPs per layer", led["per_layer"]["attention_flops"], "per_layer.attention_flops", "f"),
         ("KV cache (all layers)", led["kv_cache_bytes"], "kv_cache_bytes", "b"),
         (f"predicted peak ({model.attention}, {model.mode})", led["peak_bytes"], "peak_bytes", "b"),

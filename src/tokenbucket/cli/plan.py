@@ -1,8 +1,8 @@
 """``tokenbucket plan``: plan memory-safe buckets and write the manifest.
 
-    tokenbucket plan METADATA... [--config F] [--gpu NAME | --budget-gib X] [--max-buckets K]
-                     [--mode static|dynamic] [--on-oversize error|reject] --out manifest.parquet [--json]
-    tokenbucket plan --lerobot DATASET [--delta-timestamps JSON|@FILE.json] [--cameras A,B] [plan flags as above]
+tokenbucket plan METADATA... [--config F] [--gpu NAME | --budget-gib X] [--max-buckets K]
+                 [--mode static|dynamic] [--on-oversize error|reject] --out manifest.parquet [--json]
+tokenbucket plan --lerobot DATASET [--delta-timestamps JSON|@FILE.json] [--cameras A,B] [plan flags as above]
 """
 
 from __future__ import annotations
@@ -35,17 +35,29 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("metadata", nargs="*", help="metadata files or directories (or give --lerobot)")
-    parser.add_argument("--lerobot", type=Path, metavar="DATASET",
-                        help="plan a LeRobot v2.x/v3.0 dataset from its meta/ folder (one sample per frame)")
-    parser.add_argument("--delta-timestamps", metavar="JSON",
-                        help="with --lerobot: LeRobot's offsets in seconds per key, as a JSON object or @file.json")
+    parser.add_argument(
+        "--lerobot",
+        type=Path,
+        metavar="DATASET",
+        help="plan a LeRobot v2.x/v3.0 dataset from its meta/ folder (one sample per frame)",
+    )
+    parser.add_argument(
+        "--delta-timestamps",
+        metavar="JSON",
+        help="with --lerobot: LeRobot's offsets in seconds per key, as a JSON object or @file.json",
+    )
     parser.add_argument("--cameras", metavar="A,B", help="with --lerobot: the camera keys the policy uses")
     parser.add_argument("--out", required=True, type=Path, help="the manifest .parquet to write")
     parser.add_argument("--gpu", help="GPU target (see `tokenbucket gpus`)")
     parser.add_argument("--budget-gib", type=float, help="memory budget instead of a GPU's")
     parser.add_argument("--max-buckets", type=int, default=32)
-    parser.add_argument("--mode", dest="plan_mode", choices=["static", "dynamic", "packed"], default="static",
-                        help="static: at most K shapes; dynamic: batches padded to their own longest sample")
+    parser.add_argument(
+        "--mode",
+        dest="plan_mode",
+        choices=["static", "dynamic", "packed"],
+        default="static",
+        help="static: at most K shapes; dynamic: batches padded to their own longest sample",
+    )
     parser.add_argument("--on-oversize", choices=["error", "reject"], default="error")
     parser.add_argument("--on-invalid", choices=["raise", "reject"], default="raise")
     parser.add_argument("--json", action="store_true")
@@ -88,9 +100,18 @@ def run(args: argparse.Namespace) -> int:
             rows = Path(tmp) / "lerobot-rows.parquet"
             meta["lerobot"] = _lerobot_metadata(args, rows)
             sources = [rows]
-        manifest = build_manifest(sources, spec, cost, args.out, budget_bytes=budget, max_buckets=args.max_buckets,
-                                  mode=args.plan_mode, on_oversize=args.on_oversize, on_invalid=args.on_invalid,
-                                  meta=meta)
+        manifest = build_manifest(
+            sources,
+            spec,
+            cost,
+            args.out,
+            budget_bytes=budget,
+            max_buckets=args.max_buckets,
+            mode=args.plan_mode,
+            on_oversize=args.on_oversize,
+            on_invalid=args.on_invalid,
+            meta=meta,
+        )
     if args.json:
         print(json.dumps(_plan_json(manifest.plan)))
     else:

@@ -1,6 +1,6 @@
 """``tokenbucket profile``: measure a model's peak memory on fake tensors (or CUDA), beside the estimate.
 
-    tokenbucket profile MODULE:FACTORY [model flags] --batch B --length L [--save PROFILE.json]
+tokenbucket profile MODULE:FACTORY [model flags] --batch B --length L [--save PROFILE.json]
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.input is not None:
         make_batch = _load_factory(args.input)
     else:
+
         def make_batch(b: int, length: int) -> torch.Tensor:
             return torch.empty(b, length, model.hidden, dtype=dtype)
 
@@ -74,25 +75,45 @@ def run(args: argparse.Namespace) -> int:
     points = [(args.batch, length) for length in (args.length or [])]
     rows = []
     for b, length in points:
-        prof = profile_memory(build, make_batch, b, length, train=train, optimizer=model.optimizer,
-                              device=args.device)
+        prof = profile_memory(build, make_batch, b, length, train=train, optimizer=model.optimizer, device=args.device)
         est = CostModel(model).memory(b, length)
-        rows.append({"batch": b, "length": length, "measured": prof.peak, "measured_phases": prof.peaks,
-                     "analytic": est.total, "analytic_phase": est.phase, "ratio": est.total / prof.peak})
+        rows.append(
+            {
+                "batch": b,
+                "length": length,
+                "measured": prof.peak,
+                "measured_phases": prof.peaks,
+                "analytic": est.total,
+                "analytic_phase": est.phase,
+                "ratio": est.total / prof.peak,
+            }
+        )
     if args.save is not None:
         grid = sorted({(b, length) for _, length in points for b in (1, 2, args.batch)})
-        profile_points(build, make_batch, grid, target=args.gpu or "fake-cpu", dtype=model.precision,
-                       device=args.device, train=train, optimizer=model.optimizer).save(args.save)
+        profile_points(
+            build,
+            make_batch,
+            grid,
+            target=args.gpu or "fake-cpu",
+            dtype=model.precision,
+            device=args.device,
+            train=train,
+            optimizer=model.optimizer,
+        ).save(args.save)
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{args.factory} on {'fake tensors (CPU)' if args.device == 'fake' else args.device}, "
-          f"{model.precision}, {model.attention}, {model.mode}")
+    print(
+        f"{args.factory} on {'fake tensors (CPU)' if args.device == 'fake' else args.device}, "
+        f"{model.precision}, {model.attention}, {model.mode}"
+    )
     print(f"{'batch':>5} {'length':>8} {'measured':>12} {'analytic':>12} {'analytic/measured':>18}  measured by phase")
     for r in rows:
         phases = ", ".join(f"{k} {_gib(v)}" for k, v in r["measured_phases"].items())
-        print(f"{r['batch']:>5} {r['length']:>8,} {_gib(r['measured']):>12} {_gib(r['analytic']):>12} "
-              f"{r['ratio']:>18.3f}  {phases}")
+        print(
+            f"{r['batch']:>5} {r['length']:>8,} {_gib(r['measured']):>12} {_gib(r['analytic']):>12} "
+            f"{r['ratio']:>18.3f}  {phases}"
+        )
     if args.save is not None:
         print(f"profile written to {args.save}")
     return 0

@@ -1,6 +1,6 @@
 """``tokenbucket report``: per-bucket latency, memory and risk of a training run's JSONL log.
 
-    tokenbucket report RUN.jsonl [--json] [--out DIR]
+tokenbucket report RUN.jsonl [--json] [--out DIR]
 """
 
 from __future__ import annotations

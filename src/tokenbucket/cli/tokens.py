@@ -1,7 +1,7 @@
 """``tokenbucket tokens``: the token breakdown of a metadata file, or of one ``--sample``.
 
-    tokenbucket tokens METADATA [--config F] [--json] [spec flags]
-    tokenbucket tokens --sample '{"cameras":4,"frames":16,"height":224,"width":224}' --patch 14 --json
+tokenbucket tokens METADATA [--config F] [--json] [spec flags]
+tokenbucket tokens --sample '{"cameras":4,"frames":16,"height":224,"width":224}' --patch 14 --json
 """
 
 from __future__ import annotations
@@ -21,8 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("metadata", nargs="?", help="Parquet/JSONL/CSV file or a directory of parts")
     parser.add_argument("--sample", help="one sample as a JSON object")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--on-invalid", choices=["raise", "reject"], default="raise",
-                        help="stop at the first bad row, or report bad rows and go on")
+    parser.add_argument(
+        "--on-invalid",
+        choices=["raise", "reject"],
+        default="raise",
+        help="stop at the first bad row, or report bad rows and go on",
+    )
     _add_spec_flags(parser)
 
 
@@ -39,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
                 if k != "cameras":
                     print(f"{k:>8}  {v:,}" if isinstance(v, int) else f"{k:>8}  {v}")
             for c in bd.cameras:
-                print(f"  {c.name}: {c.frames} frames {c.height}x{c.width} -> {c.temporal} x {c.spatial} "
-                      f"= {c.tokens:,}{' (empty slot)' if c.empty_slot else ''}")
+                print(
+                    f"  {c.name}: {c.frames} frames {c.height}x{c.width} -> {c.temporal} x {c.spatial} "
+                    f"= {c.tokens:,}{' (empty slot)' if c.empty_slot else ''}"
+                )
         return 0
     if args.metadata is None:
         raise ConfigError("tokens needs METADATA (a file or directory) or --sample JSON")

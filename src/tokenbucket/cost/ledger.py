@@ -32,9 +32,7 @@ from tokenbucket.tokens.spec import TokenSpec
 __all__ = ["apply_whatif", "ledger_with_whatifs", "shape_ledger"]
 
 
-def shape_ledger(
-    sample: Mapping[str, Any], spec: TokenSpec, model: ModelSpec, *, batch: int = 1
-) -> dict[str, Any]:
+def shape_ledger(sample: Mapping[str, Any], spec: TokenSpec, model: ModelSpec, *, batch: int = 1) -> dict[str, Any]:
     """The ledger of ``batch`` copies of ``sample`` (see the module docstring for the keys)."""
     bd = breakdown_sample(sample, spec)
     length = bd.total
@@ -91,8 +89,7 @@ def apply_whatif(
     if name in model_fields:
         return sample, spec, dataclasses.replace(model, **{name: value}), batch
     raise ConfigError(
-        f"what-if {name!r} is neither a sample field ({sorted(sample)}), a token spec field, "
-        "a model field nor 'batch'"
+        f"what-if {name!r} is neither a sample field ({sorted(sample)}), a token spec field, a model field nor 'batch'"
     )
 
 

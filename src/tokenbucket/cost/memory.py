@@ -242,8 +242,9 @@ class CostModel:
             work = t * (2 * a * d + 3 * c * d + norm_fp32 + (4 if m.gated_mlp else 2) * c * f)
             if eager:
                 work = max(work, t * (a * d + 2 * c * d) + eager_work)
-            return self._estimate(b, length, "inference", weights=w, activations=inputs, kv_cache=kv,
-                                  transients=work, extra=extra)
+            return self._estimate(
+                b, length, "inference", weights=w, activations=inputs, kv_cache=kv, transients=work, extra=extra
+            )
 
         ckpt = m.checkpointing == "full"
         # forward: the model's output and the loss's fp32 copy of it, or eager's softmax working set
@@ -291,15 +292,24 @@ class CostModel:
             carried = (0, 0, 0, by_gradients)
         act, sc, cp, gr = carried
         phases = {
-            "forward": (w + m.layers * keep_copies, 0, o, held + m.layers * keep_act,
-                        m.layers * keep_scores, fwd_t),
+            "forward": (w + m.layers * keep_copies, 0, o, held + m.layers * keep_act, m.layers * keep_scores, fwd_t),
             "backward": (w + cp + copies_layer, gr, o, held + act + cur_act, sc + layer_scores, bwd_t),
             "optimizer": (w, g, o, inputs, 0, tmp),
         }
         phase = max(phases, key=lambda k: sum(phases[k]))
         pw, pg, po, pa, ps, pt = phases[phase]
-        return self._estimate(b, length, phase, weights=pw, gradients=pg, optimizer=po, activations=pa,
-                              attention_scores=ps, transients=pt, extra=extra)
+        return self._estimate(
+            b,
+            length,
+            phase,
+            weights=pw,
+            gradients=pg,
+            optimizer=po,
+            activations=pa,
+            attention_scores=ps,
+            transients=pt,
+            extra=extra,
+        )
 
     def _estimate(self, batch: int, length: int, phase: str, **items: int) -> MemoryEstimate:
         full = {name: int(items.get(name, 0)) for name in MEMORY_ITEMS}
@@ -323,8 +333,13 @@ class CostModel:
             if m.checkpointing == "full":
                 training += forward
                 training_attention += attention
-        return FlopsEstimate(forward=forward, attention=attention, attention_per_layer=attention_layer,
-                             training=training, training_attention=training_attention)
+        return FlopsEstimate(
+            forward=forward,
+            attention=attention,
+            attention_per_layer=attention_layer,
+            training=training,
+            training_attention=training_attention,
+        )
 
     def step_seconds(self, batch: int | Sequence[int], length: int | None = None) -> float:
         """Predicted seconds per step: FLOPs over the GPU's peak at ``mfu`` utilisation."""

@@ -218,14 +218,24 @@ def profile_memory(
         device: ``"fake"`` (CPU fake tensors) or ``"cuda"``.
     """
     if device == "cuda":
-        return _profile_cuda(model_factory, make_batch, batch, length, train=train, optimizer=optimizer,
-                             steps=steps, loss_fn=loss_fn)
+        return _profile_cuda(
+            model_factory, make_batch, batch, length, train=train, optimizer=optimizer, steps=steps, loss_fn=loss_fn
+        )
     tracker = StorageTracker()
     with FakeTensorMode(), tracker, warnings.catch_warnings():
         # nn.Transformer* layers probe data pointers for their fast path; fake tensors have none
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-        _run_steps(model_factory, make_batch, batch, length, train=train, optimizer=optimizer, steps=steps,
-                   loss_fn=loss_fn, mark=tracker.set_phase)
+        _run_steps(
+            model_factory,
+            make_batch,
+            batch,
+            length,
+            train=train,
+            optimizer=optimizer,
+            steps=steps,
+            loss_fn=loss_fn,
+            mark=tracker.set_phase,
+        )
     peaks = {k: v for k, v in tracker.peaks.items() if k != "idle"}
     return MemoryProfile(batch, length, tracker.peak, peaks, "fake-cpu")
 
@@ -357,7 +367,9 @@ class MeasuredCostModel:
         if model is not None and profile.model != model:
             raise ConfigError(f"this profile was made for model {profile.model}, not {model}; profile again")
         if len(profile.points) < 3:
-            raise ConfigError(f"a measured cost model needs at least 3 points, but the profile has {len(profile.points)}")
+            raise ConfigError(
+                f"a measured cost model needs at least 3 points, but the profile has {len(profile.points)}"
+            )
         self.profile = profile
         b = np.array([p[0] for p in profile.points], dtype=np.float64)
         length = np.array([p[1] for p in profile.points], dtype=np.float64)
@@ -383,8 +395,7 @@ class MeasuredCostModel:
             "attention_scores": int(batch * self.per_token_length * length * length),
         }
         zero = dict.fromkeys(("gradients", "optimizer", "kv_cache", "transients", "extra"), 0)
-        return MemoryEstimate(**items, **zero, total=sum(items.values()), phase="measured", batch=batch,
-                              length=length)
+        return MemoryEstimate(**items, **zero, total=sum(items.values()), phase="measured", batch=batch, length=length)
 
     def max_batch(self, length: int, budget_bytes: int) -> int:
         """The largest batch whose fitted peak at ``length`` fits ``budget_bytes`` (0 if none)."""

@@ -48,8 +48,17 @@ from tokenbucket._exceptions import ConfigError, OOMRiskWarning, PlanDriftWarnin
 from tokenbucket.monitor.sinks import JsonlSink
 from tokenbucket.train.risk import check_risk_options
 
-__all__ = ["BucketMonitor", "CudaMemory", "MemoryReader", "RunStats", "format_summary", "is_oom", "read_replay",
-           "split_batch", "summarize_events"]
+__all__ = [
+    "BucketMonitor",
+    "CudaMemory",
+    "MemoryReader",
+    "RunStats",
+    "format_summary",
+    "is_oom",
+    "read_replay",
+    "split_batch",
+    "summarize_events",
+]
 
 OOM_POLICIES = ("raise", "skip", "split")
 
@@ -140,15 +149,32 @@ class RunStats:
     def add(self, event: Mapping[str, Any]) -> None:
         kind = event["event"]
         if kind == "step":
-            self.add_step(event["bucket"], event["latency_s"], event["real_tokens"], event["padded_tokens"],
-                          event["predicted_bytes"], event["measured_bytes"], event["reserved_bytes"], event["risk"])
+            self.add_step(
+                event["bucket"],
+                event["latency_s"],
+                event["real_tokens"],
+                event["padded_tokens"],
+                event["predicted_bytes"],
+                event["measured_bytes"],
+                event["reserved_bytes"],
+                event["risk"],
+            )
         elif kind == "oom":
             self._bucket(event["bucket"]).ooms += 1
         elif kind == "risk":
             self._bucket(event["bucket"]).risky += 1
 
-    def add_step(self, bucket: int, latency: float, real_tokens: int, padded_tokens: int, predicted: int,
-                 measured: int | None, reserved: int | None, risk: float) -> None:
+    def add_step(
+        self,
+        bucket: int,
+        latency: float,
+        real_tokens: int,
+        padded_tokens: int,
+        predicted: int,
+        measured: int | None,
+        reserved: int | None,
+        risk: float,
+    ) -> None:
         # plain comparisons, not max(): this runs every step (benchmarks/bench_monitor.py)
         b = self.buckets.get(bucket) or self._bucket(bucket)
         b.steps += 1
@@ -174,27 +200,38 @@ class RunStats:
         out = []
         for k in sorted(self.buckets):
             b = self.buckets[k]
-            out.append({
-                "bucket": k, "steps": b.steps,
-                "latency_p50_s": min(_percentile(b.latency_bins, b.steps, 50), b.latency_max) if b.steps else None,
-                "latency_p95_s": min(_percentile(b.latency_bins, b.steps, 95), b.latency_max) if b.steps else None,
-                "latency_max_s": b.latency_max if b.steps else None,
-                "tokens_per_s": b.real_tokens / b.seconds if b.seconds > 0 else None,
-                "padding_efficiency": b.real_tokens / b.padded_tokens if b.padded_tokens else None,
-                "predicted_peak_bytes": b.predicted_peak, "measured_peak_bytes": b.measured_peak,
-                "reserved_peak_bytes": b.reserved_peak, "max_risk": b.max_risk, "drift_ratio": b.max_ratio,
-                "risky_batches": b.risky, "ooms": b.ooms,
-            })
+            out.append(
+                {
+                    "bucket": k,
+                    "steps": b.steps,
+                    "latency_p50_s": min(_percentile(b.latency_bins, b.steps, 50), b.latency_max) if b.steps else None,
+                    "latency_p95_s": min(_percentile(b.latency_bins, b.steps, 95), b.latency_max) if b.steps else None,
+                    "latency_max_s": b.latency_max if b.steps else None,
+                    "tokens_per_s": b.real_tokens / b.seconds if b.seconds > 0 else None,
+                    "padding_efficiency": b.real_tokens / b.padded_tokens if b.padded_tokens else None,
+                    "predicted_peak_bytes": b.predicted_peak,
+                    "measured_peak_bytes": b.measured_peak,
+                    "reserved_peak_bytes": b.reserved_peak,
+                    "max_risk": b.max_risk,
+                    "drift_ratio": b.max_ratio,
+                    "risky_batches": b.risky,
+                    "ooms": b.ooms,
+                }
+            )
         return out
 
     def state_dict(self) -> dict[str, Any]:
         # JSON-ready: string keys throughout
-        return {str(k): {**vars(b), "latency_bins": {str(i): c for i, c in b.latency_bins.items()}}
-                for k, b in self.buckets.items()}
+        return {
+            str(k): {**vars(b), "latency_bins": {str(i): c for i, c in b.latency_bins.items()}}
+            for k, b in self.buckets.items()
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.buckets = {int(k): _Bucket(**{**v, "latency_bins": {int(i): c for i, c in v["latency_bins"].items()}})
-                        for k, v in state.items()}
+        self.buckets = {
+            int(k): _Bucket(**{**v, "latency_bins": {int(i): c for i, c in v["latency_bins"].items()}})
+            for k, v in state.items()
+        }
 
 
 def summarize_events(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -212,22 +249,28 @@ def format_summary(rows: Sequence[Mapping[str, Any]]) -> str:
         return "-" if v is None else f"{v * 1e3:.1f}"
 
     # GiB for real GPUs, MiB for the small budgets of CPU runs and tests
-    unit, scale = ("GiB", 2**30) if max((r["predicted_peak_bytes"] for r in rows), default=0) >= 2**30 else ("MiB", 2**20)
+    unit, scale = (
+        ("GiB", 2**30) if max((r["predicted_peak_bytes"] for r in rows), default=0) >= 2**30 else ("MiB", 2**20)
+    )
 
     def size(v: int | None) -> str:
         return "-" if v is None else f"{v / scale:.2f}"
 
-    head = (f"{'bucket':>6} {'steps':>6} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'tokens/s':>10} {'pad eff':>7} "
-            f"{'pred ' + unit:>8} {'meas ' + unit:>8} {'max risk':>8} {'drift':>6} {'risky':>5} {'ooms':>4}")
+    head = (
+        f"{'bucket':>6} {'steps':>6} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'tokens/s':>10} {'pad eff':>7} "
+        f"{'pred ' + unit:>8} {'meas ' + unit:>8} {'max risk':>8} {'drift':>6} {'risky':>5} {'ooms':>4}"
+    )
     lines = [head]
     for r in rows:
         tps = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
         eff = "-" if r.get("padding_efficiency") is None else f"{r['padding_efficiency']:.3f}"
         drift = "-" if r["drift_ratio"] is None else f"{r['drift_ratio']:.3f}"
-        lines.append(f"{r['bucket']:>6} {r['steps']:>6} {ms(r['latency_p50_s']):>8} {ms(r['latency_p95_s']):>8} "
-                     f"{ms(r['latency_max_s']):>8} {tps:>10} {eff:>7} {size(r['predicted_peak_bytes']):>8} "
-                     f"{size(r['measured_peak_bytes']):>8} {r['max_risk']:>8.3f} {drift:>6} "
-                     f"{r.get('risky_batches', 0):>5} {r['ooms']:>4}")
+        lines.append(
+            f"{r['bucket']:>6} {r['steps']:>6} {ms(r['latency_p50_s']):>8} {ms(r['latency_p95_s']):>8} "
+            f"{ms(r['latency_max_s']):>8} {tps:>10} {eff:>7} {size(r['predicted_peak_bytes']):>8} "
+            f"{size(r['measured_peak_bytes']):>8} {r['max_risk']:>8.3f} {drift:>6} "
+            f"{r.get('risky_batches', 0):>5} {r['ooms']:>4}"
+        )
     return "\n".join(lines)
 
 
@@ -260,7 +303,7 @@ def split_batch(batch: Mapping[str, Any], parts: int, *, cost_model: Any = None)
             elif key in ("layout", "keys"):  # one entry per real row (BucketCollate, StreamCollate)
                 part[key] = [value[r] for r in part_rows]
             elif isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == rows:
-                t = value[start:start + len(part_rows)]
+                t = value[start : start + len(part_rows)]
                 part[key] = t[:, :longest] if t.ndim >= 2 and value.shape[1] == length else t
             else:
                 part[key] = value
@@ -331,8 +374,10 @@ class BucketMonitor:
         self.memory: MemoryReader | None = memory
         self.clock = clock
         self._cuda = torch.cuda.is_available()  # without CUDA no batch needs the device check
-        self.sinks = [JsonlSink(s) if isinstance(s, (str, Path)) else s
-                      for s in (["tokenbucket-run.jsonl"] if sinks is None else sinks)]
+        self.sinks = [
+            JsonlSink(s) if isinstance(s, (str, Path)) else s
+            for s in (["tokenbucket-run.jsonl"] if sinks is None else sinks)
+        ]
         for s in self.sinks:
             if not callable(s):
                 raise ConfigError(f"a sink should be a path or a callable taking the event dict, but got {s!r}")
@@ -347,11 +392,25 @@ class BucketMonitor:
         self._info: Any = None
         self._start = 0.0
         self._events: tuple[Any, Any] | None = None
-        self._emit({"event": "start", "time": time.time(), "budget_bytes": self.budget_bytes,
-                    "risk_threshold": self.risk_threshold, "drift_margin": self.drift_margin,
-                    "plan_mode": plan.mode,
-                    "buckets": [{"bucket": k, "bound": b.bound, "batch_size": b.batch_size,
-                                 "predicted_peak_bytes": b.predicted_peak_bytes} for k, b in enumerate(plan.buckets)]})
+        self._emit(
+            {
+                "event": "start",
+                "time": time.time(),
+                "budget_bytes": self.budget_bytes,
+                "risk_threshold": self.risk_threshold,
+                "drift_margin": self.drift_margin,
+                "plan_mode": plan.mode,
+                "buckets": [
+                    {
+                        "bucket": k,
+                        "bound": b.bound,
+                        "batch_size": b.batch_size,
+                        "predicted_peak_bytes": b.predicted_peak_bytes,
+                    }
+                    for k, b in enumerate(plan.buckets)
+                ],
+            }
+        )
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -361,8 +420,14 @@ class BucketMonitor:
             sink(event)
 
     def _batch_fields(self, info: Any) -> dict[str, Any]:
-        return {"bucket": info.bucket, "rows": info.shape[0], "length": info.shape[1], "keys": list(info.keys),
-                "tokens": dict(info.tokens), "cameras": info.cameras or self._cameras(info)}
+        return {
+            "bucket": info.bucket,
+            "rows": info.shape[0],
+            "length": info.shape[1],
+            "keys": list(info.keys),
+            "tokens": dict(info.tokens),
+            "cameras": info.cameras or self._cameras(info),
+        }
 
     def _cameras(self, info: Any) -> dict[str, int]:
         if self.data is None or not info.indices:
@@ -375,8 +440,16 @@ class BucketMonitor:
         """Call before the step with the batch's :class:`~tokenbucket.train.collate.BatchInfo` (and the batch,
         so a batch on a GPU is timed with CUDA events)."""
         if info.risk > self.risk_threshold:
-            self._emit({"event": "risk", "step": self.step_count, "time": time.time(), **self._batch_fields(info),
-                        "risk": info.risk, "threshold": self.risk_threshold})
+            self._emit(
+                {
+                    "event": "risk",
+                    "step": self.step_count,
+                    "time": time.time(),
+                    **self._batch_fields(info),
+                    "risk": info.risk,
+                    "threshold": self.risk_threshold,
+                }
+            )
         self._info = info
         if self.memory is not None:
             self.memory.reset()
@@ -405,14 +478,32 @@ class BucketMonitor:
         step = self.step_count
         self.step_count += 1
         tokens_per_s = info.real_tokens / latency if latency > 0 else 0.0
-        self.stats.add_step(info.bucket, latency, info.real_tokens, info.padded_tokens, info.predicted_peak_bytes,
-                            measured, reserved, info.risk)
+        self.stats.add_step(
+            info.bucket,
+            latency,
+            info.real_tokens,
+            info.padded_tokens,
+            info.predicted_peak_bytes,
+            measured,
+            reserved,
+            info.risk,
+        )
         if self.sinks:
             event = {
-                "event": "step", "step": step, "time": time.time(), "bucket": info.bucket, "rows": info.shape[0],
-                "length": info.shape[1], "real_tokens": info.real_tokens, "padded_tokens": info.padded_tokens,
-                "latency_s": latency, "tokens_per_s": tokens_per_s, "predicted_bytes": info.predicted_peak_bytes,
-                "measured_bytes": measured, "reserved_bytes": reserved, "risk": info.risk,
+                "event": "step",
+                "step": step,
+                "time": time.time(),
+                "bucket": info.bucket,
+                "rows": info.shape[0],
+                "length": info.shape[1],
+                "real_tokens": info.real_tokens,
+                "padded_tokens": info.padded_tokens,
+                "latency_s": latency,
+                "tokens_per_s": tokens_per_s,
+                "predicted_bytes": info.predicted_peak_bytes,
+                "measured_bytes": measured,
+                "reserved_bytes": reserved,
+                "risk": info.risk,
             }
             for sink in self.sinks:
                 sink(event)
@@ -433,15 +524,29 @@ class BucketMonitor:
         # re-armed one margin higher: creeping memory warns again, a steady offset warns once
         self.drift_levels[bucket] = ratio + self.drift_margin
         factor = math.ceil(ratio * 100) / 100
-        self._emit({"event": "drift", "step": step, "time": time.time(), "bucket": bucket, "ratio": ratio,
-                    "margin": self.drift_margin, "suggested_factor": factor})
-        warnings.warn(f"bucket {bucket}: measured peak is {ratio:.3f}x the predicted one (margin "
-                      f"{self.drift_margin:g}); the plan may no longer hold. {self._advice(factor)}",
-                      PlanDriftWarning, stacklevel=4)
+        self._emit(
+            {
+                "event": "drift",
+                "step": step,
+                "time": time.time(),
+                "bucket": bucket,
+                "ratio": ratio,
+                "margin": self.drift_margin,
+                "suggested_factor": factor,
+            }
+        )
+        warnings.warn(
+            f"bucket {bucket}: measured peak is {ratio:.3f}x the predicted one (margin "
+            f"{self.drift_margin:g}); the plan may no longer hold. {self._advice(factor)}",
+            PlanDriftWarning,
+            stacklevel=4,
+        )
 
     def _advice(self, factor: float) -> str:
-        return (f"Recalibrate: replan with budget_bytes={int(self.budget_bytes / factor):,} "
-                f"(the budget / {factor:.2f}), or profile the model (tokenbucket profile).")
+        return (
+            f"Recalibrate: replan with budget_bytes={int(self.budget_bytes / factor):,} "
+            f"(the budget / {factor:.2f}), or profile the model (tokenbucket profile)."
+        )
 
     def recalibration(self) -> dict[str, Any] | None:
         """The measured factor to put into the plan (the largest measured / predicted over buckets) and,
@@ -450,18 +555,31 @@ class BucketMonitor:
         if not ratios:
             return None
         factor = math.ceil(max(ratios) * 100) / 100
-        out: dict[str, Any] = {"factor": factor, "budget_bytes": int(self.budget_bytes / factor),
-                               "advice": self._advice(factor)}
+        out: dict[str, Any] = {
+            "factor": factor,
+            "budget_bytes": int(self.budget_bytes / factor),
+            "advice": self._advice(factor),
+        }
         if self.cost_model is not None and self.plan.mode == "static":
-            out["batch_sizes"] = {k: {"planned": b.batch_size,
-                                      "suggested": self.cost_model.max_batch(b.bound, int(self.budget_bytes / factor))}
-                                  for k, b in enumerate(self.plan.buckets)}
+            out["batch_sizes"] = {
+                k: {
+                    "planned": b.batch_size,
+                    "suggested": self.cost_model.max_batch(b.bound, int(self.budget_bytes / factor)),
+                }
+                for k, b in enumerate(self.plan.buckets)
+            }
         return out
 
     # -- the OOM guard -----------------------------------------------------------------------------
 
-    def guard(self, step_fn: Callable[[Any], Any], *, policy: str = "raise", adapt: bool = False,
-              split_fn: Callable[[Any, int], list[Any]] | None = None) -> Callable[[Any], Any]:
+    def guard(
+        self,
+        step_fn: Callable[[Any], Any],
+        *,
+        policy: str = "raise",
+        adapt: bool = False,
+        split_fn: Callable[[Any, int], list[Any]] | None = None,
+    ) -> Callable[[Any], Any]:
         """``step_fn`` wrapped: timed under :meth:`step` and safe against out-of-memory errors.
 
         On an OOM the guard frees what it can (``gc``, the CUDA cache), records an ``oom`` event
@@ -482,8 +600,9 @@ class BucketMonitor:
         if policy not in OOM_POLICIES:
             raise ConfigError(f"policy should be one of {OOM_POLICIES}, but got policy={policy!r}")
         if policy != "raise" and self.replay_path is None:
-            raise ConfigError(f"policy={policy!r} writes skipped keys to a replay file: give the monitor "
-                              f"replay_path= or a JSONL sink")
+            raise ConfigError(
+                f"policy={policy!r} writes skipped keys to a replay file: give the monitor replay_path= or a JSONL sink"
+            )
         split = split_fn or (lambda batch, parts: split_batch(batch, parts, cost_model=self.cost_model))
 
         def run(batch: Any, info: Any) -> Any:
@@ -523,14 +642,30 @@ class BucketMonitor:
         # step's tensors) alive through the retry
         with contextlib.suppress(AttributeError):
             setattr(exc, _RECORDED, True)
-        event = {"event": "oom", "step": self.step_count, "time": time.time(), **self._batch_fields(info),
-                 "policy": policy, "message": str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__}
+        event = {
+            "event": "oom",
+            "step": self.step_count,
+            "time": time.time(),
+            **self._batch_fields(info),
+            "policy": policy,
+            "message": str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__,
+        }
         if policy == "skip":
             assert self.replay_path is not None
             self.replay_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.replay_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"keys": list(info.keys), "indices": list(info.indices), "bucket": info.bucket,
-                                    "step": self.step_count, "reason": "oom"}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "keys": list(info.keys),
+                            "indices": list(info.indices),
+                            "bucket": info.bucket,
+                            "step": self.step_count,
+                            "reason": "oom",
+                        }
+                    )
+                    + "\n"
+                )
             event["replay"] = str(self.replay_path)
         self._emit(event)
 
@@ -540,10 +675,22 @@ class BucketMonitor:
         if new >= old:
             return
         self.limits[bucket] = new
-        self._emit({"event": "adapt", "step": self.step_count, "time": time.time(), "bucket": bucket,
-                    "old_batch_size": old, "new_batch_size": new})
-        warnings.warn(f"bucket {bucket}: out of memory at {rows} samples; its batches run in parts of {new} for the "
-                      f"rest of the run (planned {self.plan.buckets[bucket].batch_size})", OOMRiskWarning, stacklevel=4)
+        self._emit(
+            {
+                "event": "adapt",
+                "step": self.step_count,
+                "time": time.time(),
+                "bucket": bucket,
+                "old_batch_size": old,
+                "new_batch_size": new,
+            }
+        )
+        warnings.warn(
+            f"bucket {bucket}: out of memory at {rows} samples; its batches run in parts of {new} for the "
+            f"rest of the run (planned {self.plan.buckets[bucket].batch_size})",
+            OOMRiskWarning,
+            stacklevel=4,
+        )
 
     # -- results and state -----------------------------------------------------------------------
 
@@ -553,9 +700,12 @@ class BucketMonitor:
         return self.stats.rows()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step_count, "stats": self.stats.state_dict(),
-                "drift_levels": {str(k): v for k, v in self.drift_levels.items()},
-                "limits": {str(k): v for k, v in self.limits.items()}}
+        return {
+            "step": self.step_count,
+            "stats": self.stats.state_dict(),
+            "drift_levels": {str(k): v for k, v in self.drift_levels.items()},
+            "limits": {str(k): v for k, v in self.limits.items()},
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         state = dict(state)

@@ -111,8 +111,10 @@ def read_events(path: str | Path) -> RunLog:
                 if bad is not None:
                     line, text, reason = bad
                     excerpt = text.strip()[:60].decode("utf-8", "replace")
-                    raise ConfigError(f"run log {str(path)!r} line {line} is not an event ({reason}), but got "
-                                      f"{excerpt!r}; only the last line may be cut short")
+                    raise ConfigError(
+                        f"run log {str(path)!r} line {line} is not an event ({reason}), but got "
+                        f"{excerpt!r}; only the last line may be cut short"
+                    )
                 parsed = _parse(raw)
                 if isinstance(parsed, str):
                     bad = (number, raw, parsed)
@@ -241,11 +243,13 @@ def write_report(log: RunLog, out_dir: str | Path) -> ReportFiles:
         for p in pngs
     )
     title = html.escape(f"tokenbucket report: {log.path.name}")
-    page = (f'<!doctype html><html><head><meta charset="utf-8"><title>{title}</title><style>'
-            "body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
-            "table{border-collapse:collapse}tr:nth-child(even){background:#f2f2f2}img{max-width:48%}"
-            f"</style></head><body><h1>{title}</h1>{note}<table>{table}</table>"
-            f"<p>events: {len(log.of('step')):,} steps, {counts}</p>{images}</body></html>\n")
+    page = (
+        f'<!doctype html><html><head><meta charset="utf-8"><title>{title}</title><style>'
+        "body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
+        "table{border-collapse:collapse}tr:nth-child(even){background:#f2f2f2}img{max-width:48%}"
+        f"</style></head><body><h1>{title}</h1>{note}<table>{table}</table>"
+        f"<p>events: {len(log.of('step')):,} steps, {counts}</p>{images}</body></html>\n"
+    )
     html_path = out_dir / "report.html"
     html_path.write_text(page, encoding="utf-8")
     return ReportFiles(latency=pngs[0], memory=pngs[1], risk=pngs[2], throughput=pngs[3], html=html_path)

@@ -52,8 +52,11 @@ class JsonlSink:
 
     def __call__(self, event: Mapping[str, Any]) -> None:
         self._lines.append(_ENCODE(event) + "\n")
-        if (event["event"] != "step" or len(self._lines) >= self.flush_lines
-                or time.monotonic() - self._last >= self.flush_seconds):
+        if (
+            event["event"] != "step"
+            or len(self._lines) >= self.flush_lines
+            or time.monotonic() - self._last >= self.flush_seconds
+        ):
             self.flush()
 
     def flush(self) -> None:
@@ -62,7 +65,7 @@ class JsonlSink:
         data = "".join(self._lines).encode()
         self._lines.clear()
         while data:
-            data = data[os.write(self._fd, data):]
+            data = data[os.write(self._fd, data) :]
         self._last = time.monotonic()
 
     def close(self) -> None:
@@ -88,15 +91,25 @@ class LoggingSink:
     """Events as log records: steps at ``step_level`` (DEBUG), risk/oom/drift/adapt at ``alert_level``
     (WARNING), the rest at INFO. A disabled level costs one ``isEnabledFor`` call."""
 
-    def __init__(self, logger: str | logging.Logger = "tokenbucket.monitor.hooks", *, step_level: int = logging.DEBUG,
-                 alert_level: int = logging.WARNING) -> None:
+    def __init__(
+        self,
+        logger: str | logging.Logger = "tokenbucket.monitor.hooks",
+        *,
+        step_level: int = logging.DEBUG,
+        alert_level: int = logging.WARNING,
+    ) -> None:
         self.logger = logging.getLogger(logger) if isinstance(logger, str) else logger
         self.step_level, self.alert_level = step_level, alert_level
 
     def __call__(self, event: Mapping[str, Any]) -> None:
         kind = event["event"]
-        level = (self.step_level if kind == "step" else
-                 self.alert_level if kind in ("risk", "oom", "drift", "adapt") else logging.INFO)
+        level = (
+            self.step_level
+            if kind == "step"
+            else self.alert_level
+            if kind in ("risk", "oom", "drift", "adapt")
+            else logging.INFO
+        )
         if self.logger.isEnabledFor(level):
             fields = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("event", "time", "buckets"))
             self.logger.log(level, "%s %s", kind, fields)

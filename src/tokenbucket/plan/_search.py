@@ -20,6 +20,7 @@ def max_batches_at(cost: Any, bounds: np.ndarray, budget: int) -> np.ndarray:
         if prev is None:
             prev = cost.max_batch(bound, budget)
         elif prev > 0 and cost.memory(prev, bound).total > budget:
+
             def fits(batch: int, length: int = bound) -> bool:
                 return bool(cost.memory(batch, length).total <= budget)
 
@@ -65,7 +66,7 @@ def dynamic_batches(
     order = rng.permutation(n)
     batches: list[np.ndarray] = []
     for start in range(0, n, pool):
-        chunk = order[start:start + pool]
+        chunk = order[start : start + pool]
         chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
         chunk_caps = caps[chunk].tolist()
         begin = 0

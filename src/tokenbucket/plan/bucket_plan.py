@@ -44,8 +44,9 @@ class LengthHistogram:
         values = np.asarray(self.values, dtype=np.int64).reshape(-1)
         counts = np.asarray(self.counts, dtype=np.int64).reshape(-1)
         if len(values) != len(counts):
-            raise ConfigError(f"a length histogram needs one count per value, but got {len(values)} values "
-                              f"and {len(counts)} counts")
+            raise ConfigError(
+                f"a length histogram needs one count per value, but got {len(values)} values and {len(counts)} counts"
+            )
         if counts.size and counts.min() < 0:
             bad = int(np.flatnonzero(counts < 0)[0])
             raise ConfigError(f"counts should not be negative, but got counts[{bad}]={int(counts[bad])}")
@@ -80,8 +81,11 @@ class LengthHistogram:
         return int(self.counts.sum())
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, LengthHistogram) and np.array_equal(self.values, other.values)
-                and np.array_equal(self.counts, other.counts))
+        return (
+            isinstance(other, LengthHistogram)
+            and np.array_equal(self.values, other.values)
+            and np.array_equal(self.counts, other.counts)
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -172,17 +176,26 @@ class BucketPlan:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": self.format, "mode": self.mode, "budget_bytes": self.budget_bytes,
-                "buckets": [asdict(b) for b in self.buckets], "oversize": dict(self.oversize),
-                "meta": dict(self.meta)}
+        return {
+            "format": self.format,
+            "mode": self.mode,
+            "budget_bytes": self.budget_bytes,
+            "buckets": [asdict(b) for b in self.buckets],
+            "oversize": dict(self.oversize),
+            "meta": dict(self.meta),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BucketPlan:
         if data.get("format") != PLAN_FORMAT:
             raise ConfigError(f"plan format should be {PLAN_FORMAT}, but got format={data.get('format')!r}")
-        return cls(mode=data["mode"], budget_bytes=int(data["budget_bytes"]),
-                   buckets=tuple(Bucket(**b) for b in data["buckets"]), oversize=dict(data.get("oversize", {})),
-                   meta=dict(data.get("meta", {})))
+        return cls(
+            mode=data["mode"],
+            budget_bytes=int(data["budget_bytes"]),
+            buckets=tuple(Bucket(**b) for b in data["buckets"]),
+            oversize=dict(data.get("oversize", {})),
+            meta=dict(data.get("meta", {})),
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())

@@ -123,8 +123,16 @@ def plan_buckets(
     if mode == "packed":
         if isinstance(lengths, LengthHistogram):
             raise ConfigError("packed mode packs the samples themselves: give the lengths, not a histogram")
-        return plan_packing(lengths, cost_model, budget_bytes, pack_length=pack_length, on_oversize=on_oversize,
-                            seed=seed, multiple=multiple, meta=meta)
+        return plan_packing(
+            lengths,
+            cost_model,
+            budget_bytes,
+            pack_length=pack_length,
+            on_oversize=on_oversize,
+            seed=seed,
+            multiple=multiple,
+            meta=meta,
+        )
     if on_oversize not in ("error", "reject"):
         raise ConfigError(f"on_oversize should be 'error' or 'reject', but got on_oversize={on_oversize!r}")
     raw: np.ndarray | None = None
@@ -178,8 +186,7 @@ def plan_buckets(
     prefix = np.concatenate([[0.0], np.cumsum(n_at)])
     chosen = _dp(prefix, bsz.astype(np.float64), step, max_buckets)
     bounds = cands[chosen]
-    return _describe(mode, bounds, bsz[chosen], hist, raw, cost_model, budget_bytes, oversize, meta,
-                     pool_batches, seed)
+    return _describe(mode, bounds, bsz[chosen], hist, raw, cost_model, budget_bytes, oversize, meta, pool_batches, seed)
 
 
 def _dp(prefix: np.ndarray, bsz: np.ndarray, step: np.ndarray, max_buckets: int) -> np.ndarray:
@@ -240,11 +247,20 @@ def _describe(
         else:
             batches, padded, seconds = stats[k]
             step = seconds / batches if batches else 0.0
-        buckets.append(Bucket(
-            bound=int(u), batch_size=int(b), samples=int(samples[k]), batches=int(batches), tokens=int(tokens[k]),
-            padded_tokens=int(padded), predicted_peak_bytes=peak, fill=peak / budget,
-            padding_efficiency=float(tokens[k] / padded) if padded else 1.0, step_seconds=float(step),
-        ))
+        buckets.append(
+            Bucket(
+                bound=int(u),
+                batch_size=int(b),
+                samples=int(samples[k]),
+                batches=int(batches),
+                tokens=int(tokens[k]),
+                padded_tokens=int(padded),
+                predicted_peak_bytes=peak,
+                fill=peak / budget,
+                padding_efficiency=float(tokens[k] / padded) if padded else 1.0,
+                step_seconds=float(step),
+            )
+        )
     return BucketPlan(mode, budget, tuple(b for b in buckets if b.samples), oversize, dict(meta or {}))
 
 
@@ -265,8 +281,9 @@ def _simulate_dynamic(
     return out
 
 
-def check_plan(plan_or_bounds: BucketPlan | Sequence[int], batch_sizes: Sequence[int] | None, cost_model: Any,
-               budget_bytes: int) -> None:
+def check_plan(
+    plan_or_bounds: BucketPlan | Sequence[int], batch_sizes: Sequence[int] | None, cost_model: Any, budget_bytes: int
+) -> None:
     """Check a hand-made plan (bounds and batch sizes) against the cost model.
 
     Raises:
@@ -318,8 +335,10 @@ def plan_from_bounds(
         2
     """
     if mode not in ("static", "dynamic"):  # a packed plan is one row shape: plan_buckets(mode="packed")
-        raise ConfigError(f"plan_from_bounds takes mode 'static' or 'dynamic', but got mode={mode!r} "
-                          f"(for packing use plan_buckets(mode='packed', pack_length=...))")
+        raise ConfigError(
+            f"plan_from_bounds takes mode 'static' or 'dynamic', but got mode={mode!r} "
+            f"(for packing use plan_buckets(mode='packed', pack_length=...))"
+        )
     check_plan(bounds, batch_sizes, cost_model, budget_bytes)
     if isinstance(lengths, LengthHistogram):
         hist, raw = lengths, None
@@ -333,10 +352,24 @@ def plan_from_bounds(
     oversize: dict[str, int] = {}
     if over.any():
         largest = int(hist.values[-1])
-        oversize = {"count": int(hist.counts[over].sum()), "largest": largest,
-                    "largest_bytes": int(cost_model.memory(1, largest).total), "longest_fitting": top}
+        oversize = {
+            "count": int(hist.counts[over].sum()),
+            "largest": largest,
+            "largest_bytes": int(cost_model.memory(1, largest).total),
+            "longest_fitting": top,
+        }
         hist = LengthHistogram(hist.values[~over], hist.counts[~over])
         raw = raw[raw <= top] if raw is not None else None
-    return _describe(mode, np.asarray(bounds, np.int64), np.asarray(batch_sizes, np.int64), hist, raw, cost_model,
-                     budget_bytes, oversize, meta, pool_batches, seed)
-
+    return _describe(
+        mode,
+        np.asarray(bounds, np.int64),
+        np.asarray(batch_sizes, np.int64),
+        hist,
+        raw,
+        cost_model,
+        budget_bytes,
+        oversize,
+        meta,
+        pool_batches,
+        seed,
+    )

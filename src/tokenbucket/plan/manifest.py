@@ -107,9 +107,9 @@ class _ContentHash:
         if keys.null_count:
             keys = keys.fill_null("")
         for chunk in keys.cast(pa.large_string()).chunks:
-            offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
+            offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int64)[chunk.offset : chunk.offset + len(chunk) + 1]
             lengths.update(np.diff(offsets).tobytes())
-            data.update(memoryview(chunk.buffers()[2])[int(offsets[0]):int(offsets[-1])])
+            data.update(memoryview(chunk.buffers()[2])[int(offsets[0]) : int(offsets[-1])])
         total = table.column("total")
         totals.update((total.fill_null(-1) if total.null_count else total).to_numpy().astype(np.int64).tobytes())
         buckets.update(table.column("bucket").to_numpy().astype(np.int32).tobytes())
@@ -134,7 +134,12 @@ def length_histogram(
 
 
 def _count(
-    paths: list[Path], spec: TokenSpec, batch_rows: int, *, keep_lengths: bool, progress: bool | None,
+    paths: list[Path],
+    spec: TokenSpec,
+    batch_rows: int,
+    *,
+    keep_lengths: bool,
+    progress: bool | None,
     total_rows: int | None,
 ) -> tuple[LengthHistogram, np.ndarray]:
     hist = LengthHistogram(np.zeros(0, np.int64), np.zeros(0, np.int64))
@@ -201,11 +206,24 @@ def build_manifest(
     else:
         if budget_bytes is None:
             raise ConfigError("build_manifest with a cost model needs budget_bytes (or pass a BucketPlan)")
-        hist, raw = _count(paths, spec, batch_rows, keep_lengths=mode in ("dynamic", "packed"), progress=progress,
-                           total_rows=total_rows)
+        hist, raw = _count(
+            paths,
+            spec,
+            batch_rows,
+            keep_lengths=mode in ("dynamic", "packed"),
+            progress=progress,
+            total_rows=total_rows,
+        )
         lengths: Any = raw if mode in ("dynamic", "packed") else hist  # both simulate the samples themselves
-        plan = plan_buckets(lengths, plan_or_cost, budget_bytes, max_buckets=max_buckets, mode=mode,  # type: ignore[arg-type]
-                            on_oversize=on_oversize, meta=meta)  # type: ignore[arg-type]
+        plan = plan_buckets(
+            lengths,
+            plan_or_cost,
+            budget_bytes,
+            max_buckets=max_buckets,
+            mode=mode,  # type: ignore[arg-type]
+            on_oversize=on_oversize,  # type: ignore[arg-type]
+            meta=meta,
+        )
     bounds = plan.bounds
     if not len(bounds):
         raise ConfigError("the plan has no buckets: every sample was oversize")
@@ -238,8 +256,10 @@ def build_manifest(
             if kept is not None and all_keys and not (was_sorted and keys_sorted):
                 # NOTE [ Duplicate keys across batches ], reject: a key an earlier batch holds makes
                 # this row a refused duplicate (sorted keys cannot repeat: no lookup then)
-                dup = np.asarray(pc.is_in(part.column("key"), value_set=pa.concat_arrays(all_keys))
-                                 .fill_null(False)) & kept
+                dup = (
+                    np.asarray(pc.is_in(part.column("key"), value_set=pa.concat_arrays(all_keys)).fill_null(False))
+                    & kept
+                )
                 if dup.any():
                     part = _refuse_duplicates(part, dup)
                     keys = part.column("key").filter(pa.array(kept & ~dup))
@@ -260,8 +280,10 @@ def build_manifest(
         # record what the plan was made for (the caller's words win)
         model = getattr(plan_or_cost, "model", None)
         gpu = getattr(plan_or_cost, "gpu", None)
-        made_for = {"model": model.to_dict() if model is not None and hasattr(model, "to_dict") else None,
-                    "gpu": getattr(gpu, "name", None)}
+        made_for = {
+            "model": model.to_dict() if model is not None and hasattr(model, "to_dict") else None,
+            "gpu": getattr(gpu, "name", None),
+        }
         info = {
             "format": MANIFEST_FORMAT,
             "plan": plan.to_dict(),
@@ -427,8 +449,12 @@ def _refuse_duplicates(part: pa.Table, dup: np.ndarray) -> pa.Table:
     """Rows ``dup`` become invalid rows (bucket -1, breakdown null) whose reason is the repeated key."""
     mask = pa.array(dup)
     keys, index = part.column("key").to_pylist(), part.column("index").to_pylist()
-    text = [f"invalid: row {index[i]} key {keys[i]!r}: column 'key' {R_DUPLICATE}, but got key={keys[i]!r}"
-            if dup[i] else None for i in range(len(dup))]  # worded as the breakdown words one within a batch
+    text = [
+        f"invalid: row {index[i]} key {keys[i]!r}: column 'key' {R_DUPLICATE}, but got key={keys[i]!r}"
+        if dup[i]
+        else None
+        for i in range(len(dup))
+    ]  # worded as the breakdown words one within a batch
     cols = []
     for name in part.column_names:
         col = part.column(name)
@@ -491,10 +517,14 @@ def _read_part(path: Path, verify: bool) -> dict[str, Any]:
     except (OSError, pa.ArrowInvalid) as exc:
         raise ConfigError(f"{str(path)!r} is not a readable Parquet file: {exc}") from None
     if META_KEY not in kv:
-        raise ConfigError(f"{str(path)!r} is a Parquet file but not a tokenbucket manifest (no '{META_KEY.decode()}' metadata)")
+        raise ConfigError(
+            f"{str(path)!r} is a Parquet file but not a tokenbucket manifest (no '{META_KEY.decode()}' metadata)"
+        )
     info: dict[str, Any] = json.loads(kv[META_KEY])
     if info.get("format") != MANIFEST_FORMAT:
-        raise ConfigError(f"{str(path)!r} has manifest format {info.get('format')!r}; this tokenbucket reads {MANIFEST_FORMAT}")
+        raise ConfigError(
+            f"{str(path)!r} has manifest format {info.get('format')!r}; this tokenbucket reads {MANIFEST_FORMAT}"
+        )
     if pf.metadata.num_rows != info["rows"]:
         raise ConfigError(f"{str(path)!r} has {pf.metadata.num_rows} rows but its metadata says {info['rows']}")
     if verify:

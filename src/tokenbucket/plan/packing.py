@@ -25,8 +25,15 @@ from tokenbucket.plan.bucket_plan import Bucket, BucketPlan
 __all__ = ["pack_rows", "packed_epoch_seconds", "plan_packing", "samples_attention_flops"]
 
 
-def pack_rows(lengths: Sequence[int] | np.ndarray, pack_length: int, *, seed: int = 0, epoch: int = 0,
-              pool: int = 4096, shuffle: bool = True) -> list[list[int]]:
+def pack_rows(
+    lengths: Sequence[int] | np.ndarray,
+    pack_length: int,
+    *,
+    seed: int = 0,
+    epoch: int = 0,
+    pool: int = 4096,
+    shuffle: bool = True,
+) -> list[list[int]]:
     """Indices of ``lengths`` packed into rows of at most ``pack_length`` tokens (NOTE [ Packed rows ]).
 
     Example:
@@ -41,13 +48,15 @@ def pack_rows(lengths: Sequence[int] | np.ndarray, pack_length: int, *, seed: in
     too_long = np.flatnonzero(lens > pack_length)
     if len(too_long):
         i = int(too_long[0])
-        raise ConfigError(f"sample {i} has {int(lens[i]):,} tokens, more than pack_length={pack_length:,} "
-                          f"({len(too_long):,} such samples): samples are never split; reject them when planning")
+        raise ConfigError(
+            f"sample {i} has {int(lens[i]):,} tokens, more than pack_length={pack_length:,} "
+            f"({len(too_long):,} such samples): samples are never split; reject them when planning"
+        )
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(lens)) if shuffle else np.arange(len(lens))
     rows: list[list[int]] = []
     for start in range(0, len(order), pool):
-        chunk = order[start:start + pool]
+        chunk = order[start : start + pool]
         chunk = chunk[np.argsort(-lens[chunk], kind="stable")]  # longest first
         free: list[tuple[int, int]] = []  # (free tokens, row), sorted: best fit = first with enough room
         for i, n in zip(chunk.tolist(), lens[chunk].tolist(), strict=True):
@@ -66,6 +75,7 @@ def pack_rows(lengths: Sequence[int] | np.ndarray, pack_length: int, *, seed: in
 
 def _longest_row(cost_model: SupportsCost, budget_bytes: int, start: int) -> int:
     """The longest row (in tokens) whose single-row batch fits the budget (0 if none)."""
+
     def fits(n: int) -> bool:
         return bool(cost_model.memory(1, n).total <= budget_bytes)
 
@@ -75,8 +85,9 @@ def _longest_row(cost_model: SupportsCost, budget_bytes: int, start: int) -> int
     return grow_then_bisect(fits, start, what="the longest row search")
 
 
-def packed_epoch_seconds(cost_model: CostModel, rows_per_batch: int, pack_length: int, batches: int,
-                         sample_attention_flops: float) -> float:
+def packed_epoch_seconds(
+    cost_model: CostModel, rows_per_batch: int, pack_length: int, batches: int, sample_attention_flops: float
+) -> float:
     """Predicted epoch seconds of ``batches`` packed batches of ``rows_per_batch x pack_length``.
 
     NOTE [ Packed FLOPs ]
@@ -101,13 +112,27 @@ def samples_attention_flops(cost_model: SupportsCost, lengths: np.ndarray) -> fl
     call per distinct length; a sample of no tokens costs none)."""
     values, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)
     values, counts = values[values > 0], counts[values > 0]
-    return float(sum(int(c) * cost_model.flops(1, int(v)).training_attention
-                     for v, c in zip(values.tolist(), counts.tolist(), strict=True)))
+    return float(
+        sum(
+            int(c) * cost_model.flops(1, int(v)).training_attention
+            for v, c in zip(values.tolist(), counts.tolist(), strict=True)
+        )
+    )
 
 
-def plan_packing(lengths: Sequence[int] | np.ndarray, cost_model: CostModel, budget_bytes: int, *,
-                 pack_length: int | None = None, on_oversize: str = "error", seed: int = 0, pool: int = 4096,
-                 multiple: int = 64, candidates: int = 6, meta: dict[str, Any] | None = None) -> BucketPlan:
+def plan_packing(
+    lengths: Sequence[int] | np.ndarray,
+    cost_model: CostModel,
+    budget_bytes: int,
+    *,
+    pack_length: int | None = None,
+    on_oversize: str = "error",
+    seed: int = 0,
+    pool: int = 4096,
+    multiple: int = 64,
+    candidates: int = 6,
+    meta: dict[str, Any] | None = None,
+) -> BucketPlan:
     """A packed plan (``mode="packed"``): one row shape ``(rows_per_batch, pack_length)``.
 
     ``pack_length`` is given, or chosen among ``candidates`` lengths from the longest sample up
@@ -124,8 +149,10 @@ def plan_packing(lengths: Sequence[int] | np.ndarray, cost_model: CostModel, bud
     top = _longest_row(cost_model, budget_bytes, int(raw.max()))
     if pack_length is not None:
         if cost_model.memory(1, pack_length).total > budget_bytes:
-            raise ConfigError(f"pack_length={pack_length:,} does not fit the budget even as one row "
-                              f"(the longest that fits is {top:,} tokens)")
+            raise ConfigError(
+                f"pack_length={pack_length:,} does not fit the budget even as one row "
+                f"(the longest that fits is {top:,} tokens)"
+            )
         top = pack_length
     over = raw > top
     oversize: dict[str, int] = {}
@@ -133,10 +160,12 @@ def plan_packing(lengths: Sequence[int] | np.ndarray, cost_model: CostModel, bud
         largest = int(raw.max())
         need = int(cost_model.memory(1, largest).total)
         if on_oversize == "error":
-            raise OversizeError(f"{int(over.sum()):,} sample(s) are longer than the longest row ({top:,} tokens): the "
-                                f"largest has {largest:,} tokens ({need / 2**30:,.2f} GiB alone, budget "
-                                f"{budget_bytes / 2**30:,.2f} GiB); samples are never split: pass "
-                                f"on_oversize='reject' to plan without them")
+            raise OversizeError(
+                f"{int(over.sum()):,} sample(s) are longer than the longest row ({top:,} tokens): the "
+                f"largest has {largest:,} tokens ({need / 2**30:,.2f} GiB alone, budget "
+                f"{budget_bytes / 2**30:,.2f} GiB); samples are never split: pass "
+                f"on_oversize='reject' to plan without them"
+            )
         oversize = {"count": int(over.sum()), "largest": largest, "largest_bytes": need, "longest_fitting": top}
         raw = raw[~over]
         if not len(raw):  # nothing fits: an empty plan that says why, as the other modes give
@@ -160,8 +189,18 @@ def plan_packing(lengths: Sequence[int] | np.ndarray, cost_model: CostModel, bud
     seconds, length, rows_per_batch, batches = best
     peak = int(cost_model.memory(rows_per_batch, length).total)
     tokens, padded = int(raw.sum()), batches * rows_per_batch * length
-    bucket = Bucket(bound=length, batch_size=rows_per_batch, samples=len(raw), batches=batches, tokens=tokens,
-                    padded_tokens=padded, predicted_peak_bytes=peak, fill=peak / budget_bytes,
-                    padding_efficiency=tokens / padded, step_seconds=seconds / batches)
-    return BucketPlan("packed", budget_bytes, (bucket,), oversize, {**dict(meta or {}), "pack_pool": pool,
-                                                                   "pack_seed": seed})
+    bucket = Bucket(
+        bound=length,
+        batch_size=rows_per_batch,
+        samples=len(raw),
+        batches=batches,
+        tokens=tokens,
+        padded_tokens=padded,
+        predicted_peak_bytes=peak,
+        fill=peak / budget_bytes,
+        padding_efficiency=tokens / padded,
+        step_seconds=seconds / batches,
+    )
+    return BucketPlan(
+        "packed", budget_bytes, (bucket,), oversize, {**dict(meta or {}), "pack_pool": pool, "pack_seed": seed}
+    )

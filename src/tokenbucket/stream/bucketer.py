@@ -93,10 +93,18 @@ class StreamBatch:
         real = sum(self.lengths)
         rows = self.modality_tokens or tuple((0,) * len(MODALITY_COLUMNS) for _ in self.lengths)
         tokens = {name: sum(r[j] for r in rows) for j, name in enumerate(MODALITY_COLUMNS)}
-        return BatchInfo(bucket=self.bucket, shape=(self.rows, self.length), keys=self.keys, tokens=tokens,
-                         real_tokens=real, padded_tokens=self.rows * self.length,
-                         predicted_peak_bytes=self.predicted_peak_bytes, risk=self.predicted_peak_bytes / self.budget_bytes,
-                         lengths=self.lengths, row_tokens=rows)
+        return BatchInfo(
+            bucket=self.bucket,
+            shape=(self.rows, self.length),
+            keys=self.keys,
+            tokens=tokens,
+            real_tokens=real,
+            padded_tokens=self.rows * self.length,
+            predicted_peak_bytes=self.predicted_peak_bytes,
+            risk=self.predicted_peak_bytes / self.budget_bytes,
+            lengths=self.lengths,
+            row_tokens=rows,
+        )
 
 
 class StreamOptions(TypedDict, total=False):
@@ -144,10 +152,21 @@ class StreamBucketer:
 
     STATE_KEYS: ClassVar[tuple[str, ...]] = StreamState.KEYS
 
-    def __init__(self, plan: BucketPlan, spec: TokenSpec, *, cost_model: SupportsCost | None = None,
-                 meta: Meta = "json", key: str = "__key__", max_buffered: int | None = None, lookahead: int = 512,
-                 on_invalid: str = "reject", rejected: RejectedSink = None, batches: int | None = None,
-                 shard_sizes: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        plan: BucketPlan,
+        spec: TokenSpec,
+        *,
+        cost_model: SupportsCost | None = None,
+        meta: Meta = "json",
+        key: str = "__key__",
+        max_buffered: int | None = None,
+        lookahead: int = 512,
+        on_invalid: str = "reject",
+        rejected: RejectedSink = None,
+        batches: int | None = None,
+        shard_sizes: Mapping[str, int] | None = None,
+    ) -> None:
         if on_invalid not in ON_INVALID:
             raise ConfigError(f"on_invalid should be one of {ON_INVALID}, but got on_invalid={on_invalid!r}")
         for name, value in (("max_buffered", max_buffered), ("batches", batches)):
@@ -173,14 +192,21 @@ class StreamBucketer:
     def _invalid(self, sample: object, key: str, message: str, column: str | None, value: object) -> None:
         self._reject(sample, key, "invalid", message, column, value)
 
-    def _reject(self, sample: object, key: str, reason: str, message: str, column: str | None = None,
-                value: object = None) -> None:
+    def _reject(
+        self, sample: object, key: str, reason: str, message: str, column: str | None = None, value: object = None
+    ) -> None:
         if self.on_invalid == "error" and reason != "over_epoch":
             raise ConfigError(f"stream sample {key!r}: {message}")
         self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
         self._progress.handled(sample, key, valid=reason != "invalid")
-        record: dict[str, object] = {"key": key, "shard": shard_of(sample), "column": column, "value": _jsonable(value),
-                                     "reason": reason, "message": message}
+        record: dict[str, object] = {
+            "key": key,
+            "shard": shard_of(sample),
+            "column": column,
+            "value": _jsonable(value),
+            "reason": reason,
+            "message": message,
+        }
         if callable(self.rejected):
             self.rejected(record)
         elif self.rejected is not None:
@@ -208,8 +234,14 @@ class StreamBucketer:
             out = []
             for sample, key, length, modal in self._counter.count(chunk):
                 if length > largest:
-                    self._reject(sample, key, "oversize", f"{length:,} tokens, more than the plan's largest bucket "
-                                 f"({largest:,})", "total", length)
+                    self._reject(
+                        sample,
+                        key,
+                        "oversize",
+                        f"{length:,} tokens, more than the plan's largest bucket ({largest:,})",
+                        "total",
+                        length,
+                    )
                     continue
                 k = bisect.bisect_left(bounds, length)
                 # the buffers hold (sample, its modality counts) as the item
@@ -251,10 +283,18 @@ class StreamBucketer:
 
     def _batch(self, buffers: BucketBuffers[_Item], k: int, members: list[Member[_Item]], reason: str) -> StreamBatch:
         rows, length = buffers.shape(k, members)
-        return StreamBatch(bucket=k, samples=tuple(m[0][0] for m in members), keys=tuple(m[1] for m in members),
-                           lengths=tuple(m[2] for m in members), rows=rows, length=length,
-                           predicted_peak_bytes=buffers.peak(rows, length), budget_bytes=buffers.budget, reason=reason,
-                           modality_tokens=tuple(m[0][1] for m in members))
+        return StreamBatch(
+            bucket=k,
+            samples=tuple(m[0][0] for m in members),
+            keys=tuple(m[1] for m in members),
+            lengths=tuple(m[2] for m in members),
+            rows=rows,
+            length=length,
+            predicted_peak_bytes=buffers.peak(rows, length),
+            budget_bytes=buffers.budget,
+            reason=reason,
+            modality_tokens=tuple(m[0][1] for m in members),
+        )
 
     def _emitted(self, batch: StreamBatch) -> None:
         stats = self.stats
@@ -270,8 +310,17 @@ class StreamBucketer:
 
     def _filler(self, buffers: BucketBuffers[_Item]) -> StreamBatch:
         k, rows, length = buffers.cheapest()
-        return StreamBatch(bucket=k, samples=(), keys=(), lengths=(), rows=rows, length=length,
-                           predicted_peak_bytes=buffers.peak(rows, length), budget_bytes=buffers.budget, reason="pad")
+        return StreamBatch(
+            bucket=k,
+            samples=(),
+            keys=(),
+            lengths=(),
+            rows=rows,
+            length=length,
+            predicted_peak_bytes=buffers.peak(rows, length),
+            budget_bytes=buffers.budget,
+            reason="pad",
+        )
 
     def _over_epoch(self, buffers: BucketBuffers[_Item], pending: list[StreamBatch], rest: Iterator[object]) -> None:
         """The epoch's batch count is reached: record every sample not emitted, and read the rest."""
@@ -283,8 +332,13 @@ class StreamBucketer:
                 leftovers.append((sample, key))
         for sample, key in leftovers:
             self.stats.over_epoch += 1
-            self._reject(sample, key, "over_epoch", "the epoch's batch count was reached before this sample was "
-                         "emitted (raise batches=, see stream_batch_counts)")
+            self._reject(
+                sample,
+                key,
+                "over_epoch",
+                "the epoch's batch count was reached before this sample was "
+                "emitted (raise batches=, see stream_batch_counts)",
+            )
 
     # -- resume (NOTE [ Stream state ] in tokenbucket.stream.state) ------------------------------
 
@@ -292,10 +346,12 @@ class StreamBucketer:
         if not self._warned_reopen:
             self._warned_reopen = True
             # stacklevel: this, ShardProgress.read, the stage's loop
-            warnings.warn(f"shard {shard!r} gave a sample after the stream had moved past it (a source that "
-                          "interleaves shards, e.g. a shuffle buffer across shard ends): a resume may repeat some of "
-                          "its samples; pass shard_sizes= (ShardIndex.bucketed does) for an exact resume",
-                          stacklevel=3)
+            warnings.warn(
+                f"shard {shard!r} gave a sample after the stream had moved past it (a source that "
+                "interleaves shards, e.g. a shuffle buffer across shard ends): a resume may repeat some of "
+                "its samples; pass shard_sizes= (ShardIndex.bucketed does) for an exact resume",
+                stacklevel=3,
+            )
 
     def state_dict(self) -> dict[str, object]:
         """Where the stream is (NOTE [ Stream state ]): shards done, keys emitted from shards in

@@ -39,8 +39,9 @@ class ChunkCounter:
         reject: told of each sample whose metadata is invalid (``invalid`` counts them too).
     """
 
-    def __init__(self, spec: TokenSpec, *, meta: Meta = "json", key: str = "__key__",
-                 reject: RejectInvalid | None = None) -> None:
+    def __init__(
+        self, spec: TokenSpec, *, meta: Meta = "json", key: str = "__key__", reject: RejectInvalid | None = None
+    ) -> None:
         self.spec, self.meta, self.key_field, self.reject = spec, meta, key, reject
         self.invalid = 0
         self._absent = spec.absent_as_zero()  # what a sample lacking an optional key counts
@@ -95,8 +96,9 @@ class ChunkCounter:
             return []
         try:
             # keys are the stream's: unique per shard (webdataset's identity is url + key), so not checked here
-            result = breakdown_table(table_from_rows(rows, self._absent), self.spec,
-                                     on_invalid="reject", check_keys=False)
+            result = breakdown_table(
+                table_from_rows(rows, self._absent), self.spec, on_invalid="reject", check_keys=False
+            )
         except (MetadataError, pa.ArrowException, OverflowError, TypeError):
             # a column absent from the whole chunk, mixed types, a value past int64, a schema
             # error of one sample: count one by one, for exact reasons
@@ -109,9 +111,11 @@ class ChunkCounter:
                     self._invalid(sample, key, str(exc), exc.column, exc.value)
             return out
         table = result.table
-        counts = zip(table.column("total").to_pylist(),
-                     zip(*(table.column(name).fill_null(0).to_pylist() for name in MODALITY_COLUMNS), strict=True),
-                     strict=True)
+        counts = zip(
+            table.column("total").to_pylist(),
+            zip(*(table.column(name).fill_null(0).to_pylist() for name in MODALITY_COLUMNS), strict=True),
+            strict=True,
+        )
         counted = dict(zip(table.column("index").to_pylist(), counts, strict=True))
         bad = {r["index"]: r for r in result.rejected.to_pylist()}
         out = []

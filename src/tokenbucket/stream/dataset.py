@@ -33,8 +33,14 @@ class StreamCollate:
     when no sample has been seen yet (default: the first sample's).
     """
 
-    def __init__(self, tokens_key: str = "tokens", *, pad_value: float = 0, feature_shape: tuple[int, ...] = (),
-                 dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        tokens_key: str = "tokens",
+        *,
+        pad_value: float = 0,
+        feature_shape: tuple[int, ...] = (),
+        dtype: torch.dtype | None = None,
+    ) -> None:
         self.tokens_key, self.pad_value = tokens_key, pad_value
         self.feature_shape, self.dtype = tuple(feature_shape), dtype
 
@@ -43,21 +49,29 @@ class StreamCollate:
         for sample, key, length in zip(batch.samples, batch.keys, batch.lengths, strict=True):
             t = torch.as_tensor(sample[self.tokens_key])
             if t.shape[0] != length:
-                raise ConfigError(f"stream sample {key!r}: its metadata says {length} tokens but its "
-                                  f"{self.tokens_key!r} has shape {tuple(t.shape)}")
+                raise ConfigError(
+                    f"stream sample {key!r}: its metadata says {length} tokens but its "
+                    f"{self.tokens_key!r} has shape {tuple(t.shape)}"
+                )
             seqs.append(t)
         if seqs:
             self.feature_shape, self.dtype = tuple(seqs[0].shape[1:]), seqs[0].dtype
-        tokens = torch.full((batch.rows, batch.length, *self.feature_shape), self.pad_value,
-                            dtype=self.dtype or torch.float32)
+        tokens = torch.full(
+            (batch.rows, batch.length, *self.feature_shape), self.pad_value, dtype=self.dtype or torch.float32
+        )
         attention = torch.zeros(batch.rows, batch.length, dtype=torch.bool)
         row_mask = torch.zeros(batch.rows, dtype=torch.bool)
         for r, t in enumerate(seqs):
             tokens[r, : t.shape[0]] = t
             attention[r, : t.shape[0]] = True
             row_mask[r] = True
-        return {"tokens": tokens, "attention_mask": attention, "row_mask": row_mask, "keys": list(batch.keys),
-                "info": batch.info()}
+        return {
+            "tokens": tokens,
+            "attention_mask": attention,
+            "row_mask": row_mask,
+            "keys": list(batch.keys),
+            "info": batch.info(),
+        }
 
 
 class BucketedStream(IterableDataset[StreamBatch]):
@@ -67,8 +81,9 @@ class BucketedStream(IterableDataset[StreamBatch]):
     Each DataLoader worker runs its own stage over its share of the source; ``state_dict`` works
     with torchdata's ``StatefulDataLoader``, per worker."""
 
-    def __init__(self, source: Iterable[object], plan: BucketPlan, spec: TokenSpec,
-                 **kwargs: Unpack[StreamOptions]) -> None:
+    def __init__(
+        self, source: Iterable[object], plan: BucketPlan, spec: TokenSpec, **kwargs: Unpack[StreamOptions]
+    ) -> None:
         self.source = source
         self.bucketer = StreamBucketer(plan, spec, **kwargs)
 

@@ -117,9 +117,15 @@ class BucketBuffers(Generic[ItemT]):
         return k, rows, length
 
 
-def stream_batch_counts(shard_lengths: Sequence[Sequence[int]], plan: BucketPlan, *, world_size: int = 1,
-                        num_workers: int = 1, cost_model: SupportsCost | None = None,
-                        max_buffered: int | None = None) -> npt.NDArray[np.int64]:
+def stream_batch_counts(
+    shard_lengths: Sequence[Sequence[int]],
+    plan: BucketPlan,
+    *,
+    world_size: int = 1,
+    num_workers: int = 1,
+    cost_model: SupportsCost | None = None,
+    max_buffered: int | None = None,
+) -> npt.NDArray[np.int64]:
     """Batches each ``(rank, worker)`` stream emits, ``[world_size, max(1, num_workers)]``.
 
     ``shard_lengths[s]`` holds the token counts of shard ``s``'s valid samples, in order (see

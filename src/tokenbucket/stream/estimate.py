@@ -41,9 +41,11 @@ class PlanEstimate:
     bucket_share_95: tuple[tuple[float, float], ...]
 
     def describe(self) -> str:
-        lines = [f"plan estimated from {self.n:,} samples ({self.rejected:,} invalid); longest seen "
-                 f"{self.max_seen:,} tokens; with 95 % confidence under {self.beyond_max_95:.2%} of the stream is "
-                 f"longer. A sample of the first shards is only representative if the shards are shuffled."]
+        lines = [
+            f"plan estimated from {self.n:,} samples ({self.rejected:,} invalid); longest seen "
+            f"{self.max_seen:,} tokens; with 95 % confidence under {self.beyond_max_95:.2%} of the stream is "
+            f"longer. A sample of the first shards is only representative if the shards are shuffled."
+        ]
         for k, (lo, hi) in enumerate(self.bucket_share_95):
             lines.append(f"  bucket {k} (<= {self.plan.buckets[k].bound:,}): share {lo:.1%} .. {hi:.1%}")
         return "\n".join(lines)
@@ -73,8 +75,17 @@ def _wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def estimate_plan(stream: Iterable[object], n: int, spec: TokenSpec, cost_model: SupportsCost, budget_bytes: int, *,
-                  meta: Meta = "json", headroom: float = 1.0, **plan_kwargs: Unpack[PlanOptions]) -> PlanEstimate:
+def estimate_plan(
+    stream: Iterable[object],
+    n: int,
+    spec: TokenSpec,
+    cost_model: SupportsCost,
+    budget_bytes: int,
+    *,
+    meta: Meta = "json",
+    headroom: float = 1.0,
+    **plan_kwargs: Unpack[PlanOptions],
+) -> PlanEstimate:
     """Plan buckets from the first ``n`` samples of ``stream`` (their metadata only).
 
     ``headroom`` > 1 stretches the last bucket's bound so samples somewhat longer than any seen
@@ -96,5 +107,11 @@ def estimate_plan(stream: Iterable[object], n: int, spec: TokenSpec, cost_model:
     plan = plan_buckets(lengths, cost_model, budget_bytes, **plan_kwargs)
     buckets = plan.assign(seen)
     shares = tuple(_wilson(int((buckets == k).sum()), len(seen)) for k in range(len(plan.buckets)))
-    return PlanEstimate(plan=plan, n=len(taken), rejected=counter.invalid,
-                        max_seen=longest, beyond_max_95=min(1.0, 3 / len(seen)), bucket_share_95=shares)
+    return PlanEstimate(
+        plan=plan,
+        n=len(taken),
+        rejected=counter.invalid,
+        max_seen=longest,
+        beyond_max_95=min(1.0, 3 / len(seen)),
+        bucket_share_95=shares,
+    )

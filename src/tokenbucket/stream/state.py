@@ -40,9 +40,11 @@ class StreamStats:
     def get_report(self) -> str:
         eff = self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
         rejected = ", ".join(f"{k} {v:,}" for k, v in sorted(self.rejected.items())) or "none"
-        return (f"{self.samples:,} samples -> {self.batches:,} batches (padding efficiency {eff:.3f}); early "
-                f"emits {self.early:,}, end-of-stream partials {self.flushed:,}, filler batches "
-                f"{self.padded_batches:,}, over the epoch's batches {self.over_epoch:,}; rejected: {rejected}")
+        return (
+            f"{self.samples:,} samples -> {self.batches:,} batches (padding efficiency {eff:.3f}); early "
+            f"emits {self.early:,}, end-of-stream partials {self.flushed:,}, filler batches "
+            f"{self.padded_batches:,}, over the epoch's batches {self.over_epoch:,}; rejected: {rejected}"
+        )
 
     def to_dict(self) -> dict[str, object]:
         """The counters as a plain dict (a copy), as a checkpoint holds them."""
@@ -89,11 +91,15 @@ class StreamState:
 
     def to_dict(self) -> dict[str, object]:
         """The state as plain, JSON-ready values (the ``StatefulDataLoader`` protocol wants a dict)."""
-        return {self.DONE_SHARDS: list(self.done_shards),
-                self.EMITTED: {s: list(k) for s, k in self.emitted.items()},
-                self.COUNTED: dict(self.counted),
-                self.BUFFERED: [[s, k] for s, k in self.buffered],
-                self.BATCHES: self.batches, self.ENDED: self.ended, self.STATS: self.stats.to_dict()}
+        return {
+            self.DONE_SHARDS: list(self.done_shards),
+            self.EMITTED: {s: list(k) for s, k in self.emitted.items()},
+            self.COUNTED: dict(self.counted),
+            self.BUFFERED: [[s, k] for s, k in self.buffered],
+            self.BATCHES: self.batches,
+            self.ENDED: self.ended,
+            self.STATS: self.stats.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, state: Mapping[str, object]) -> StreamState:
@@ -108,11 +114,15 @@ class StreamState:
             raise ConfigError(f"unexpected keys in the stream state: {sorted(state)}")
         stats = StreamStats.from_dict(cast("Mapping[str, object]", loaded[cls.STATS]))
         emitted = cast("Mapping[str, Iterable[str]]", loaded[cls.EMITTED])
-        return cls(done_shards=tuple(cast("Iterable[str]", loaded[cls.DONE_SHARDS])),
-                   emitted={s: tuple(k) for s, k in emitted.items()},
-                   counted=dict(cast("Mapping[str, int]", loaded[cls.COUNTED])),
-                   buffered=tuple((s, k) for s, k in cast("Iterable[tuple[str, str]]", loaded[cls.BUFFERED])),
-                   batches=cast("int", loaded[cls.BATCHES]), ended=cast("bool", loaded[cls.ENDED]), stats=stats)
+        return cls(
+            done_shards=tuple(cast("Iterable[str]", loaded[cls.DONE_SHARDS])),
+            emitted={s: tuple(k) for s, k in emitted.items()},
+            counted=dict(cast("Mapping[str, int]", loaded[cls.COUNTED])),
+            buffered=tuple((s, k) for s, k in cast("Iterable[tuple[str, str]]", loaded[cls.BUFFERED])),
+            batches=cast("int", loaded[cls.BATCHES]),
+            ended=cast("bool", loaded[cls.ENDED]),
+            stats=stats,
+        )
 
 
 # NOTE [ Stream state ]
@@ -139,8 +149,12 @@ class ShardProgress:
         resumed: the checkpoint this pass resumes from (``None``: a fresh pass).
     """
 
-    def __init__(self, shard_sizes: Mapping[str, int] | None, on_reopen: Callable[[str], None],
-                 resumed: StreamState | None = None) -> None:
+    def __init__(
+        self,
+        shard_sizes: Mapping[str, int] | None,
+        on_reopen: Callable[[str], None],
+        resumed: StreamState | None = None,
+    ) -> None:
         self.shard_sizes, self.on_reopen = shard_sizes, on_reopen
         done: tuple[str, ...] = resumed.done_shards if resumed is not None else ()
         emitted: Mapping[str, tuple[str, ...]] = resumed.emitted if resumed is not None else {}
@@ -207,7 +221,12 @@ class ShardProgress:
     def snapshot(self, stats: StreamStats) -> StreamState:
         """The checkpoint of where the pass is: shards done, keys handled from shards in progress,
         keys buffered, and the counters."""
-        return StreamState(done_shards=tuple(sorted(self.done)),
-                           emitted={s: tuple(sorted(set(k))) for s, k in self.emitted.items()},
-                           counted=dict(self.counted), buffered=tuple(self.buffered), batches=self.batches,
-                           ended=self.ended, stats=stats)
+        return StreamState(
+            done_shards=tuple(sorted(self.done)),
+            emitted={s: tuple(sorted(set(k))) for s, k in self.emitted.items()},
+            counted=dict(self.counted),
+            buffered=tuple(self.buffered),
+            batches=self.batches,
+            ended=self.ended,
+            stats=stats,
+        )

@@ -60,8 +60,9 @@ __all__ = ["ShardIndex", "bucketed", "bucketed_samples", "epoch_shards", "index_
 Stage: TypeAlias = Callable[[Iterable[object]], Iterator[StreamBatch]]
 
 
-def bucketed_samples(src: Iterable[object], plan: BucketPlan, spec: TokenSpec,
-                     **kwargs: Unpack[StreamOptions]) -> Iterator[StreamBatch]:
+def bucketed_samples(
+    src: Iterable[object], plan: BucketPlan, spec: TokenSpec, **kwargs: Unpack[StreamOptions]
+) -> Iterator[StreamBatch]:
     """The stage as a plain generator: samples in, :class:`~tokenbucket.stream.bucketer.StreamBatch` es out
     (keyword arguments as :class:`~tokenbucket.stream.bucketer.StreamBucketer`)."""
     yield from StreamBucketer(plan, spec, **kwargs)(src)
@@ -96,27 +97,54 @@ class ShardIndex:
         missing = [u for u in urls if u not in where]
         if missing:
             raise ConfigError(f"shards not in the index: {missing[:3]}")
-        return ShardIndex(tuple(urls), tuple(self.keys[where[u]] for u in urls),
-                          tuple(self.lengths[where[u]] for u in urls), self.rejected)
+        return ShardIndex(
+            tuple(urls),
+            tuple(self.keys[where[u]] for u in urls),
+            tuple(self.lengths[where[u]] for u in urls),
+            self.rejected,
+        )
 
-    def batches_per_worker(self, plan: BucketPlan, *, world_size: int = 1, num_workers: int = 0,
-                           cost_model: SupportsCost | None = None, max_buffered: int | None = None) -> int:
+    def batches_per_worker(
+        self,
+        plan: BucketPlan,
+        *,
+        world_size: int = 1,
+        num_workers: int = 0,
+        cost_model: SupportsCost | None = None,
+        max_buffered: int | None = None,
+    ) -> int:
         """``batches=`` for every stage: the largest stream's batch count (NOTE [ Equal steps from a
         shard index ]). Each rank then takes ``max(1, num_workers)`` times this many steps."""
-        counts = stream_batch_counts(self.lengths, plan, world_size=world_size, num_workers=num_workers,
-                                     cost_model=cost_model, max_buffered=max_buffered)
+        counts = stream_batch_counts(
+            self.lengths,
+            plan,
+            world_size=world_size,
+            num_workers=num_workers,
+            cost_model=cost_model,
+            max_buffered=max_buffered,
+        )
         return int(counts.max()) if counts.size else 0
 
-
-    def bucketed(self, plan: BucketPlan, spec: TokenSpec, *, world_size: int = 1, num_workers: int = 0,
-                 **kwargs: Unpack[StreamOptions]) -> Stage:
+    def bucketed(
+        self,
+        plan: BucketPlan,
+        spec: TokenSpec,
+        *,
+        world_size: int = 1,
+        num_workers: int = 0,
+        **kwargs: Unpack[StreamOptions],
+    ) -> Stage:
         """The stage with ``batches=`` set for these shards: every worker of every rank emits the
         same number of batches, every sample once. The count is simulated with the stage's own
         ``max_buffered`` and ``cost_model``, so the two cannot disagree. The shards' sizes go to
         the stage too (``shard_sizes``): its resume is exact even across a shuffle buffer."""
-        kwargs["batches"] = self.batches_per_worker(plan, world_size=world_size, num_workers=num_workers,
-                                                    cost_model=kwargs.get("cost_model"),
-                                                    max_buffered=kwargs.get("max_buffered"))
+        kwargs["batches"] = self.batches_per_worker(
+            plan,
+            world_size=world_size,
+            num_workers=num_workers,
+            cost_model=kwargs.get("cost_model"),
+            max_buffered=kwargs.get("max_buffered"),
+        )
         kwargs.setdefault("shard_sizes", dict(zip(self.urls, (len(k) for k in self.keys), strict=True)))
         return bucketed(plan, spec, **kwargs)
 
@@ -130,8 +158,13 @@ def _key_and_ext(name: str) -> tuple[str, str] | None:
     return (f"{head}/{stem}" if head else stem), ext
 
 
-def index_shards(urls: Sequence[str | os.PathLike[str]], spec: TokenSpec, *, meta: str = "json",
-                 open_fn: Callable[[str], IO[bytes]] | None = None) -> ShardIndex:
+def index_shards(
+    urls: Sequence[str | os.PathLike[str]],
+    spec: TokenSpec,
+    *,
+    meta: str = "json",
+    open_fn: Callable[[str], IO[bytes]] | None = None,
+) -> ShardIndex:
     """Read every shard's ``.{meta}`` members (the others are skipped over, not read) and count them.
 
     ``open_fn(url)`` opens a shard as a binary file (default: ``open``), for shards elsewhere.

@@ -43,13 +43,10 @@ _ERROR_CLASS = {
 }
 
 
-
-
 def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
     if name not in table.column_names:
         raise MissingColumnError(name, table.column_names)
     return table.column(name)
-
 
 
 # -- one camera: the formulas, twice (Python ints, then NumPy arrays) --------------------------
@@ -103,7 +100,9 @@ def _ceil_div_np(a: np.ndarray, b: int) -> np.ndarray:
     return -(-a // b)
 
 
-def _spatial_np(cs: CameraSpec, h: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+def _spatial_np(
+    cs: CameraSpec, h: np.ndarray, w: np.ndarray
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Vectorised :func:`_spatial_py`: ``(tokens, height_too_small, width_too_small)``."""
     p, m = cs.patch, cs.merge
     if cs.resize == "crop":
@@ -163,7 +162,6 @@ def _camera_np(
     return tokens, temporal, spatial, small_h, small_w
 
 
-
 def _slot_positions(spec: TokenSpec, limit: int) -> dict[int, CameraSpec]:
     """Camera positions below ``limit`` whose name has an override, with their spec."""
     out = {}
@@ -205,7 +203,11 @@ def _vision_flat(
     ef, eh, ew = f[parent], h[parent], w[parent]
     tokens = _element_tokens(spec, positions, pos, None, ef, eh, ew, problems, parent, None)
     vision = _sum_by_row(parent, tokens, n)
-    lists = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(slots)]).astype(np.int32)), pa.array(tokens)) if per_camera else None
+    lists = (
+        pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(slots)]).astype(np.int32)), pa.array(tokens))
+        if per_camera
+        else None
+    )
     return vision, lists
 
 
@@ -230,7 +232,9 @@ def _report_small(
             continue
         rows = parent[idx] if parent is not None else idx
         column = fld if labels is None else [labels(int(k), fld) for k in idx]
-        problems.add(rows, _P_SMALL + 4 * pos[idx] + offset, R_TOO_SMALL, column, lambda i, idx=idx, vals=vals: int(vals[idx[i]]))
+        problems.add(
+            rows, _P_SMALL + 4 * pos[idx] + offset, R_TOO_SMALL, column, lambda i, idx=idx, vals=vals: int(vals[idx[i]])
+        )
 
 
 def _element_tokens(
@@ -365,8 +369,15 @@ def _sum_by_row(parent: np.ndarray, tokens: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def _empty_slot_names_np(spec: TokenSpec, names: pa.Array, parent: np.ndarray, n: int, e_parent: np.ndarray,
-                         e_rank: np.ndarray, e_pos: np.ndarray) -> pa.Array:
+def _empty_slot_names_np(
+    spec: TokenSpec,
+    names: pa.Array,
+    parent: np.ndarray,
+    n: int,
+    e_parent: np.ndarray,
+    e_rank: np.ndarray,
+    e_pos: np.ndarray,
+) -> pa.Array:
     """The vectorised :meth:`TokenSpec.empty_slot_names`: the e-th empty slot of a row takes the
     e-th of ``camera_names`` its real cameras (``names``, by element) do not use, else the name of
     its position."""

@@ -64,6 +64,7 @@ __all__ = [
 
 OnInvalid = Literal["raise", "reject"]
 
+
 @dataclass(frozen=True)
 class CameraTokens:
     """One camera's (or empty slot's) share of a sample's vision tokens."""
@@ -343,7 +344,9 @@ def breakdown_table(
         raise ConfigError(f"on_invalid should be 'raise' or 'reject', but got on_invalid={on_invalid!r}")
     if not isinstance(table, pa.Table):
         if not isinstance(table, Mapping):
-            raise ConfigError(f"table should be a pyarrow.Table or a mapping of columns, but got {type(table).__name__}")
+            raise ConfigError(
+                f"table should be a pyarrow.Table or a mapping of columns, but got {type(table).__name__}"
+            )
         table = pa.table(dict(table))
     cols = spec.columns
     n = table.num_rows
@@ -465,4 +468,3 @@ def duplicate_rows(keys: pa.Array) -> np.ndarray:
 def _check_unique(key_arr: pa.Array, problems: V.Problems, column: str) -> None:
     idx = duplicate_rows(key_arr)
     problems.add(idx, _P_KEY + 1, R_DUPLICATE, column, lambda i: key_arr[int(idx[i])].as_py())
-

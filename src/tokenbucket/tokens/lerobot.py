@@ -162,8 +162,9 @@ def _hw(key: str, feature: Mapping[str, Any], where: str) -> tuple[int, int]:
     shape = list(feature.get("shape") or [])
     names = feature.get("names")
     if len(shape) != 3 or not all(_is_count(s) and s > 0 for s in shape):
-        raise ConfigError(f"{where}: camera feature {key!r} should have a 3-d shape of positive integers, "
-                          f"but got shape={shape!r}")
+        raise ConfigError(
+            f"{where}: camera feature {key!r} should have a 3-d shape of positive integers, but got shape={shape!r}"
+        )
     if isinstance(names, Sequence) and not isinstance(names, str) and len(names) == 3:
         lowered = [str(n).lower() for n in names]
         if "height" in lowered and "width" in lowered:
@@ -184,8 +185,12 @@ def _vector_size(key: str, features: Mapping[str, Any], where: str) -> int | Non
     if feature is None:
         return None
     shape = feature.get("shape") if isinstance(feature, Mapping) else None
-    if (not isinstance(shape, Sequence) or isinstance(shape, str) or not shape
-            or not all(_is_count(s) and s > 0 for s in shape)):
+    if (
+        not isinstance(shape, Sequence)
+        or isinstance(shape, str)
+        or not shape
+        or not all(_is_count(s) and s > 0 for s in shape)
+    ):
         raise ConfigError(f"{where}: feature {key!r} should have a shape like [n] with n > 0, but got shape={shape!r}")
     return math.prod(shape)
 
@@ -276,8 +281,10 @@ def _episodes_parquet(folder: Path) -> tuple[list[int], list[int]]:
         if match is not None:
             files.append(((int(match[1]), int(match[2])), path))
     if not files:
-        raise ConfigError(f"LeRobot v3.0 episodes should be Parquet files at {str(folder)!r}/chunk-XXX/file-XXX.parquet, "
-                          f"but there are none")
+        raise ConfigError(
+            f"LeRobot v3.0 episodes should be Parquet files at {str(folder)!r}/chunk-XXX/file-XXX.parquet, "
+            f"but there are none"
+        )
     indices: list[int] = []
     lengths: list[int] = []
     for _, path in sorted(files):
@@ -300,8 +307,10 @@ def _episodes_parquet(folder: Path) -> tuple[list[int], list[int]]:
                 bad = np.flatnonzero(values < 0)
             if len(bad):
                 row = int(bad[0])
-                raise ConfigError(f"{where} row {row}: {name!r} should be a non-negative integer, "
-                                  f"but got {name}={column[row].as_py()!r}")
+                raise ConfigError(
+                    f"{where} row {row}: {name!r} should be a non-negative integer, "
+                    f"but got {name}={column[row].as_py()!r}"
+                )
             out.extend(values.astype(np.int64).tolist())
     return indices, lengths
 
@@ -323,8 +332,9 @@ def read_lerobot_metadata(root: str | Path) -> LeRobotMetadata:
     root = Path(root)
     if not root.is_dir():
         hint = " (pass the dataset folder, the one holding meta/)" if root.name == "info.json" else ""
-        raise ConfigError(f"LeRobot dataset {str(root)!r} should be a folder holding meta/info.json, "
-                          f"but it is not a folder{hint}")
+        raise ConfigError(
+            f"LeRobot dataset {str(root)!r} should be a folder holding meta/info.json, but it is not a folder{hint}"
+        )
     meta = root / "meta"
     info_path = meta / "info.json"
     if not info_path.is_file():
@@ -335,14 +345,18 @@ def read_lerobot_metadata(root: str | Path) -> LeRobotMetadata:
     if version.startswith("v2."):
         path = meta / "episodes.jsonl"
         if not path.is_file():
-            raise ConfigError(f"LeRobot {version} dataset {str(root)!r} should list its episodes in "
-                              f"{str(path)!r}, but that file does not exist")
+            raise ConfigError(
+                f"LeRobot {version} dataset {str(root)!r} should list its episodes in "
+                f"{str(path)!r}, but that file does not exist"
+            )
         indices, lengths = _episodes_jsonl(path)
     elif version.startswith("v3."):
         indices, lengths = _episodes_parquet(meta / "episodes")
     else:
-        raise ConfigError(f"LeRobot info {str(info_path)!r}: codebase_version should be v2.0, v2.1 or v3.0, "
-                          f"but got codebase_version={version!r}")
+        raise ConfigError(
+            f"LeRobot info {str(info_path)!r}: codebase_version should be v2.0, v2.1 or v3.0, "
+            f"but got codebase_version={version!r}"
+        )
     return LeRobotMetadata(root=root, info=info, episode_index=tuple(indices), length=tuple(lengths))
 
 
@@ -369,11 +383,14 @@ def frame_offsets(
     for key, seconds in delta_timestamps.items():
         if key not in known:
             others = sorted(k for k in info.features if k not in cameras)
-            raise ConfigError(f"delta_timestamps key {key!r} is neither a camera nor a feature of the dataset; "
-                              f"its cameras are {cameras} and its other features {others}")
+            raise ConfigError(
+                f"delta_timestamps key {key!r} is neither a camera nor a feature of the dataset; "
+                f"its cameras are {cameras} and its other features {others}"
+            )
         if isinstance(seconds, (str, bytes)) or not isinstance(seconds, (Sequence, np.ndarray)) or not len(seconds):
-            raise ConfigError(f"delta_timestamps[{key!r}] should be a non-empty list of offsets in seconds, "
-                              f"but got {seconds!r}")
+            raise ConfigError(
+                f"delta_timestamps[{key!r}] should be a non-empty list of offsets in seconds, but got {seconds!r}"
+            )
         frames = []
         for s in seconds:
             if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)) or not math.isfinite(s):
@@ -381,9 +398,11 @@ def frame_offsets(
             exact = float(s) * info.fps
             whole = round(exact)
             if abs(exact - whole) / info.fps > _TOLERANCE_S:
-                raise ConfigError(f"delta_timestamps[{key!r}] offset {s!r} s is not a whole number of frames at "
-                                  f"fps={info.fps:g} ({s!r} x {info.fps:g} = {exact:g}); use multiples of "
-                                  f"1/fps = {1 / info.fps:g} s")
+                raise ConfigError(
+                    f"delta_timestamps[{key!r}] offset {s!r} s is not a whole number of frames at "
+                    f"fps={info.fps:g} ({s!r} x {info.fps:g} = {exact:g}); use multiples of "
+                    f"1/fps = {1 / info.fps:g} s"
+                )
             frames.append(whole)
         out[key] = tuple(frames)
     return out
@@ -394,13 +413,17 @@ def _select_cameras(info: LeRobotInfo, cameras: Sequence[str] | None) -> tuple[L
         return info.cameras
     available = [c.name for c in info.cameras]
     if isinstance(cameras, str) or not isinstance(cameras, Sequence):
-        raise ConfigError(f"cameras should be a list of camera keys, but got cameras={cameras!r}; "
-                          f"the dataset's cameras are {available}")
+        raise ConfigError(
+            f"cameras should be a list of camera keys, but got cameras={cameras!r}; "
+            f"the dataset's cameras are {available}"
+        )
     by_name = {c.name: c for c in info.cameras}
     for name in cameras:
         if name not in by_name:
-            raise ConfigError(f"cameras={list(cameras)!r} names {name!r}, which is not a camera of the dataset; "
-                              f"its cameras are {available}")
+            raise ConfigError(
+                f"cameras={list(cameras)!r} names {name!r}, which is not a camera of the dataset; "
+                f"its cameras are {available}"
+            )
     if len(set(cameras)) != len(cameras):
         raise ConfigError(f"cameras should name each camera once, but got cameras={list(cameras)!r}")
     return tuple(by_name[name] for name in cameras)
@@ -419,8 +442,10 @@ def _select_episodes(meta: LeRobotMetadata, episodes: Sequence[int] | None) -> t
     unknown = [e for e in episodes if e not in present]
     if unknown:
         span = f"{int(index.min())}..{int(index.max())}" if len(index) else "none"
-        raise ConfigError(f"episodes={list(episodes)!r} names episode {unknown[0]}, which the dataset "
-                          f"{str(meta.root)!r} does not list ({len(index)} episodes, indices {span})")
+        raise ConfigError(
+            f"episodes={list(episodes)!r} names episode {unknown[0]}, which the dataset "
+            f"{str(meta.root)!r} does not list ({len(index)} episodes, indices {span})"
+        )
     keep = np.isin(index, np.asarray(episodes, dtype=np.int64))
     return index[keep], length[keep]
 
@@ -503,8 +528,10 @@ def lerobot_rows(
     elif isinstance(source, (str, Path)):
         meta = read_lerobot_metadata(source)
     else:
-        raise ConfigError(f"source should be a LeRobot dataset folder or LeRobotMetadata, but got "
-                          f"{type(source).__name__} (a LeRobotInfo has no episode list: pass the folder)")
+        raise ConfigError(
+            f"source should be a LeRobot dataset folder or LeRobotMetadata, but got "
+            f"{type(source).__name__} (a LeRobotInfo has no episode list: pass the folder)"
+        )
     info = meta.info
     offsets = frame_offsets(info, delta_timestamps)
     cams = _select_cameras(info, cameras)
@@ -513,8 +540,9 @@ def lerobot_rows(
     n = int(length.sum())
     n_cams = len(cams)
     if n * n_cams >= 2**31:
-        raise ConfigError(f"{n:,} frames x {n_cams} cameras is more than one table holds; "
-                          f"split the dataset with episodes=")
+        raise ConfigError(
+            f"{n:,} frames x {n_cams} cameras is more than one table holds; split the dataset with episodes="
+        )
     starts = np.cumsum(length) - length
     episode_col = np.repeat(episode, length)
     frame_col = np.arange(n, dtype=np.int64) - np.repeat(starts, length)
@@ -562,14 +590,16 @@ def lerobot_rows(
     def const(value: int) -> pa.Array:
         return pa.array(np.full(n, value, dtype=np.int64))
 
-    return pa.table({
-        "key": key_col,
-        "episode_index": pa.array(episode_col),
-        "frame_index": pa.array(frame_col),
-        "cameras": camera_col,
-        "proprio_tokens": const(proprio),
-        "action_tokens": const(action),
-        "state_values": const(state_values),
-        "action_values": const(action_values),
-        "padded_frames": pa.array(padded),
-    })
+    return pa.table(
+        {
+            "key": key_col,
+            "episode_index": pa.array(episode_col),
+            "frame_index": pa.array(frame_col),
+            "cameras": camera_col,
+            "proprio_tokens": const(proprio),
+            "action_tokens": const(action),
+            "state_values": const(state_values),
+            "action_values": const(action_values),
+            "padded_frames": pa.array(padded),
+        }
+    )

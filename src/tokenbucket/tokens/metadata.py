@@ -27,8 +27,14 @@ import pyarrow.parquet as pq
 
 from tokenbucket._exceptions import ConfigError
 
-__all__ = ["METADATA_FORMATS", "count_rows", "iter_metadata_batches", "metadata_paths", "read_metadata",
-           "table_from_rows"]
+__all__ = [
+    "METADATA_FORMATS",
+    "count_rows",
+    "iter_metadata_batches",
+    "metadata_paths",
+    "read_metadata",
+    "table_from_rows",
+]
 
 METADATA_FORMATS: dict[str, str] = {
     ".parquet": "parquet",
@@ -145,8 +151,9 @@ def iter_metadata_batches(
                 for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):
                     yield pa.Table.from_batches([batch])
             elif fmt == "csv":
-                reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=64 << 20),
-                                       convert_options=_csv_options(key))
+                reader = pcsv.open_csv(
+                    path, read_options=pcsv.ReadOptions(block_size=64 << 20), convert_options=_csv_options(key)
+                )
                 pending: list[pa.RecordBatch] = []
                 rows = 0
                 for batch in reader:

@@ -94,22 +94,17 @@ class CameraSpec:
         _check_int("special_per_camera", self.special_per_camera, 0)
         _check_int("min_pixels", self.min_pixels, 0)
         if self.resize not in RESIZE_POLICIES:
-            raise ConfigError(
-                f"resize should be one of {list(RESIZE_POLICIES)}, but got resize={self.resize!r}"
-            )
+            raise ConfigError(f"resize should be one of {list(RESIZE_POLICIES)}, but got resize={self.resize!r}")
         if not isinstance(self.causal_first_frame, bool):
             raise ConfigError(
-                "causal_first_frame should be a bool, "
-                f"but got causal_first_frame={self.causal_first_frame!r}"
+                f"causal_first_frame should be a bool, but got causal_first_frame={self.causal_first_frame!r}"
             )
         if self.tokens_per_frame is not None:
             _check_int("tokens_per_frame", self.tokens_per_frame, 1)
         if self.fixed_size is not None:
             size = tuple(self.fixed_size)
             if len(size) != 2:
-                raise ConfigError(
-                    f"fixed_size should be (height, width), but got fixed_size={self.fixed_size!r}"
-                )
+                raise ConfigError(f"fixed_size should be (height, width), but got fixed_size={self.fixed_size!r}")
             _check_int("fixed_size height", size[0], 1)
             _check_int("fixed_size width", size[1], 1)
             object.__setattr__(self, "fixed_size", (int(size[0]), int(size[1])))
@@ -128,8 +123,7 @@ class CameraSpec:
                 )
             if self.min_pixels > self.max_pixels:
                 raise ConfigError(
-                    f"min_pixels should be <= max_pixels={self.max_pixels}, "
-                    f"but got min_pixels={self.min_pixels}"
+                    f"min_pixels should be <= max_pixels={self.max_pixels}, but got min_pixels={self.min_pixels}"
                 )
 
 
@@ -197,8 +191,7 @@ class CountRule:
             match = _RULE_RE.match(value)
             if match is None:
                 raise ConfigError(
-                    "a token rule should look like 48, text_tokens, 50*2, frames*2 or "
-                    f"text_tokens?, but got {value!r}"
+                    f"a token rule should look like 48, text_tokens, 50*2, frames*2 or text_tokens?, but got {value!r}"
                 )
             base, mul, opt = match["base"], match["mul"], match["opt"]
             per_unit = int(mul) if mul is not None else 1
@@ -468,14 +461,38 @@ _NONE = CountRule(count=0)
 # - cosmos-dv4x8x8: a causal video tokenizer, 4x in time (first frame apart) and 8x8 in space:
 #   9 frames of 512x512 -> 3 latent frames of 64 x 64 = 12,288 tokens.
 TOKEN_PRESETS: dict[str, TokenSpec] = {
-    "pi0": TokenSpec(patch=14, resize="fixed", fixed_size=(224, 224), camera_slots=3,
-                     camera_names=("base", "left_wrist", "right_wrist"), text=CountRule(count=48),
-                     proprio=CountRule(count=1), action=CountRule(count=50), memory=_NONE),
-    "openvla": TokenSpec(patch=14, resize="fixed", fixed_size=(224, 224), camera_slots=1,
-                         text=CountRule(column="text_tokens", optional=True), proprio=_NONE,
-                         action=CountRule(count=7), memory=_NONE),
-    "vjepa": TokenSpec(patch=16, tubelet=2, resize="fixed", fixed_size=(224, 224), text=_NONE, proprio=_NONE,
-                       action=_NONE, memory=_NONE),
-    "cosmos-dv4x8x8": TokenSpec(patch=8, tubelet=4, causal_first_frame=True, text=_NONE, proprio=_NONE,
-                                action=_NONE, memory=_NONE),
+    "pi0": TokenSpec(
+        patch=14,
+        resize="fixed",
+        fixed_size=(224, 224),
+        camera_slots=3,
+        camera_names=("base", "left_wrist", "right_wrist"),
+        text=CountRule(count=48),
+        proprio=CountRule(count=1),
+        action=CountRule(count=50),
+        memory=_NONE,
+    ),
+    "openvla": TokenSpec(
+        patch=14,
+        resize="fixed",
+        fixed_size=(224, 224),
+        camera_slots=1,
+        text=CountRule(column="text_tokens", optional=True),
+        proprio=_NONE,
+        action=CountRule(count=7),
+        memory=_NONE,
+    ),
+    "vjepa": TokenSpec(
+        patch=16,
+        tubelet=2,
+        resize="fixed",
+        fixed_size=(224, 224),
+        text=_NONE,
+        proprio=_NONE,
+        action=_NONE,
+        memory=_NONE,
+    ),
+    "cosmos-dv4x8x8": TokenSpec(
+        patch=8, tubelet=4, causal_first_frame=True, text=_NONE, proprio=_NONE, action=_NONE, memory=_NONE
+    ),
 }

@@ -94,8 +94,14 @@ class BatchInfo:
     row_tokens: tuple[tuple[int, ...], ...] = ()
     cameras: dict[str, int] | None = None
 
-    def subset(self, rows: Sequence[int], *, length: int | None = None, predicted_peak_bytes: int | None = None,
-               budget_bytes: int | None = None) -> BatchInfo:
+    def subset(
+        self,
+        rows: Sequence[int],
+        *,
+        length: int | None = None,
+        predicted_peak_bytes: int | None = None,
+        budget_bytes: int | None = None,
+    ) -> BatchInfo:
         """The info of real rows ``rows`` as a batch of their own (``length``: its padded length).
 
         Without a new prediction the parent's peak is kept (an overestimate: a part is smaller).
@@ -107,17 +113,29 @@ class BatchInfo:
         peak = self.predicted_peak_bytes if predicted_peak_bytes is None else predicted_peak_bytes
         budget = self.predicted_peak_bytes / self.risk if budget_bytes is None and self.risk else budget_bytes
         return BatchInfo(
-            bucket=self.bucket, shape=(len(rows), length), keys=tuple(self.keys[r] for r in rows), tokens=tokens,
-            real_tokens=sum(self.lengths[r] for r in rows), padded_tokens=len(rows) * length,
-            predicted_peak_bytes=peak, risk=peak / budget if budget else self.risk,
+            bucket=self.bucket,
+            shape=(len(rows), length),
+            keys=tuple(self.keys[r] for r in rows),
+            tokens=tokens,
+            real_tokens=sum(self.lengths[r] for r in rows),
+            padded_tokens=len(rows) * length,
+            predicted_peak_bytes=peak,
+            risk=peak / budget if budget else self.risk,
             indices=tuple(self.indices[r] for r in rows) if self.indices else (),  # a stream's have none
             lengths=tuple(self.lengths[r] for r in rows),
-            row_tokens=tuple(self.row_tokens[r] for r in rows), cameras=None,
+            row_tokens=tuple(self.row_tokens[r] for r in rows),
+            cameras=None,
         )
 
 
-def pad_rows(seqs: Sequence[torch.Tensor], indices: Sequence[int], rows: int, length: int, template: torch.Tensor,
-             pad_value: float = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def pad_rows(
+    seqs: Sequence[torch.Tensor],
+    indices: Sequence[int],
+    rows: int,
+    length: int,
+    template: torch.Tensor,
+    pad_value: float = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``seqs`` (each ``[L_i, ...]``) laid in the first rows of a ``[rows, length, ...]`` batch.
 
     Returns ``tokens`` (``pad_value`` past each sequence and on empty rows, ``template``'s dtype

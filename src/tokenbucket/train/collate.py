@@ -88,8 +88,7 @@ class TokenBucketDataset(Dataset[Any]):
             self.buckets = plan.assign(result.totals)
         self.lengths = self.breakdowns.column("total").fill_null(0).to_numpy()
         # per-modality counts as arrays, once: the collate sums them for every batch
-        self.modality_tokens = {name: self.breakdowns.column(name).fill_null(0).to_numpy()
-                                for name in MODALITY_COLUMNS}
+        self.modality_tokens = {name: self.breakdowns.column(name).fill_null(0).to_numpy() for name in MODALITY_COLUMNS}
         self._metadata = table
         self._meta_fn = metadata if callable(metadata) else None
         self._templates: dict[str, torch.Tensor] = {}
@@ -122,8 +121,10 @@ class TokenBucketDataset(Dataset[Any]):
         t: torch.Tensor = item[tokens_key]
         expected = int(self.lengths[index])
         if t.shape[0] != expected:
-            raise ConfigError(f"sample {index} (key {self.key(index)!r}): its metadata says {expected} tokens "
-                              f"but its {tokens_key!r} tensor has shape {tuple(t.shape)}")
+            raise ConfigError(
+                f"sample {index} (key {self.key(index)!r}): its metadata says {expected} tokens "
+                f"but its {tokens_key!r} tensor has shape {tuple(t.shape)}"
+            )
         return t
 
     def token_template(self, tokens_key: str) -> torch.Tensor:
@@ -134,17 +135,26 @@ class TokenBucketDataset(Dataset[Any]):
             self._templates[tokens_key] = self.dataset[first][tokens_key]
         return self._templates[tokens_key]
 
-    def batch_info(self, indices: Sequence[int], *, bucket: int, shape: tuple[int, int],
-                   predicted_peak_bytes: int) -> BatchInfo:
+    def batch_info(
+        self, indices: Sequence[int], *, bucket: int, shape: tuple[int, int], predicted_peak_bytes: int
+    ) -> BatchInfo:
         """The :class:`BatchInfo` of a batch holding ``indices`` (in row order) at ``shape``."""
         idx = list(indices)
         per_row = {name: values[idx].tolist() for name, values in self.modality_tokens.items()}
         lengths = tuple(int(n) for n in self.lengths[idx].tolist())
-        return BatchInfo(bucket=bucket, shape=shape, keys=tuple(self.key(i) for i in idx),
-                         tokens={name: int(sum(v)) for name, v in per_row.items()}, real_tokens=sum(lengths),
-                         padded_tokens=shape[0] * shape[1], predicted_peak_bytes=predicted_peak_bytes,
-                         risk=predicted_peak_bytes / self.plan.budget_bytes, indices=tuple(idx), lengths=lengths,
-                         row_tokens=tuple(zip(*per_row.values(), strict=True)) if idx else ())
+        return BatchInfo(
+            bucket=bucket,
+            shape=shape,
+            keys=tuple(self.key(i) for i in idx),
+            tokens={name: int(sum(v)) for name, v in per_row.items()},
+            real_tokens=sum(lengths),
+            padded_tokens=shape[0] * shape[1],
+            predicted_peak_bytes=predicted_peak_bytes,
+            risk=predicted_peak_bytes / self.plan.budget_bytes,
+            indices=tuple(idx),
+            lengths=lengths,
+            row_tokens=tuple(zip(*per_row.values(), strict=True)) if idx else (),
+        )
 
     def camera_tokens(self, indices: Sequence[int]) -> dict[str, int] | None:
         """Tokens per camera name summed over ``indices`` (``None`` without per-sample metadata)."""
@@ -205,9 +215,17 @@ class BucketCollate:
     ``"raise"`` or ``"split"`` (see NOTE [ Risk before the GPU ] in :mod:`tokenbucket.train.risk`).
     """
 
-    def __init__(self, data: TokenBucketDataset, *, tokens_key: str = "tokens", pad_value: float = 0,
-                 cost_model: Any = None, with_layout: bool = False, risk_threshold: float = 1.0,
-                 on_risk: str = "warn") -> None:
+    def __init__(
+        self,
+        data: TokenBucketDataset,
+        *,
+        tokens_key: str = "tokens",
+        pad_value: float = 0,
+        cost_model: Any = None,
+        with_layout: bool = False,
+        risk_threshold: float = 1.0,
+        on_risk: str = "warn",
+    ) -> None:
         check_risk_options(risk_threshold, on_risk)
         self.data, self.tokens_key, self.pad_value = data, tokens_key, pad_value
         self.cost_model, self.with_layout = cost_model, with_layout
@@ -217,8 +235,10 @@ class BucketCollate:
             if cost_model is None:
                 raise ConfigError("on_risk='split' needs cost_model= to predict the parts of a batch")
             if data.plan.mode == "static":  # the rows a static part is padded to (NOTE [ Risk before the GPU ])
-                self._split_rows = [static_split(data.plan, cost_model, k, self.risk_threshold)[1]
-                                    for k in range(len(data.plan.buckets))]
+                self._split_rows = [
+                    static_split(data.plan, cost_model, k, self.risk_threshold)[1]
+                    for k in range(len(data.plan.buckets))
+                ]
 
     def __call__(self, batch: Sequence[tuple[int, Any]]) -> dict[str, Any]:
         data = self.data
@@ -234,20 +254,30 @@ class BucketCollate:
         else:
             rows, length = len(batch), max((s.shape[0] for s in seqs), default=1)
         if len(batch) > rows:
-            raise ConfigError(f"a batch of {len(batch)} samples for bucket {bucket}, whose batches hold {rows}: "
-                              f"the sampler and the collate disagree (a RiskSplitSampler without on_risk='split'?)")
+            raise ConfigError(
+                f"a batch of {len(batch)} samples for bucket {bucket}, whose batches hold {rows}: "
+                f"the sampler and the collate disagree (a RiskSplitSampler without on_risk='split'?)"
+            )
         template = seqs[0] if seqs else data.token_template(self.tokens_key)
         idx = [i for i, _ in real]
         tokens, attention, row_mask, index = pad_rows(seqs, idx, rows, length, template, self.pad_value)
-        peak = (int(self.cost_model.memory(rows, length).total) if self.cost_model is not None
-                else plan.buckets[bucket].predicted_peak_bytes)
+        peak = (
+            int(self.cost_model.memory(rows, length).total)
+            if self.cost_model is not None
+            else plan.buckets[bucket].predicted_peak_bytes
+        )
         info = data.batch_info(idx, bucket=bucket, shape=(rows, length), predicted_peak_bytes=peak)
         if info.risk > self.risk_threshold:  # NOTE [ Risk before the GPU ]
             # per-camera counts need each sample's metadata: only for the rare flagged batch
             info = dataclasses.replace(info, cameras=data.camera_tokens(idx))
             apply_risk_policy(info, self.risk_threshold, self.on_risk, can_split=len(idx) > 1)
-        out: dict[str, Any] = {"tokens": tokens, "attention_mask": attention, "row_mask": row_mask,
-                               "index": index, "info": info}
+        out: dict[str, Any] = {
+            "tokens": tokens,
+            "attention_mask": attention,
+            "row_mask": row_mask,
+            "index": index,
+            "info": info,
+        }
         if self.with_layout:
             out["layout"] = [token_layout(data.breakdown(i), data.spec) for i in idx]
         return out

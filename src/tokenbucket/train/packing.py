@@ -92,16 +92,26 @@ class PackedCollate:
         rows_per_batch: rows per batch (the batch's fixed shape); ``None``: as many as needed.
     """
 
-    def __init__(self, data: Any, pack_length: int, rows_per_batch: int | None = None, *, tokens_key: str = "tokens",
-                 pad_value: float = 0, cost_model: Any = None, with_layout: bool = False) -> None:
+    def __init__(
+        self,
+        data: Any,
+        pack_length: int,
+        rows_per_batch: int | None = None,
+        *,
+        tokens_key: str = "tokens",
+        pad_value: float = 0,
+        cost_model: Any = None,
+        with_layout: bool = False,
+    ) -> None:
         self.data, self.pack_length, self.rows_per_batch = data, int(pack_length), rows_per_batch
         self.tokens_key, self.pad_value, self.cost_model = tokens_key, pad_value, cost_model
         self.with_layout = with_layout
 
     def __call__(self, batch: Sequence[tuple[int, Any]]) -> dict[str, Any]:
         P = self.pack_length
-        samples = [(i, self.data.tokens_of(i, item, self.tokens_key)) for i, item in batch
-                   if not isinstance(item, EmptyRow)]
+        samples = [
+            (i, self.data.tokens_of(i, item, self.tokens_key)) for i, item in batch if not isinstance(item, EmptyRow)
+        ]
         rows: list[list[tuple[int, torch.Tensor]]] = []
         used = 0  # next-fit (NOTE [ Packed rows ])
         for i, t in samples:
@@ -115,8 +125,10 @@ class PackedCollate:
             used += n
         R = self.rows_per_batch if self.rows_per_batch is not None else max(1, len(rows))
         if len(rows) > R:
-            raise ConfigError(f"the batch needs {len(rows)} rows of {P:,} tokens but holds {R}: the sampler's packing "
-                              f"and the collate's pack_length / rows_per_batch disagree")
+            raise ConfigError(
+                f"the batch needs {len(rows)} rows of {P:,} tokens but holds {R}: the sampler's packing "
+                f"and the collate's pack_length / rows_per_batch disagree"
+            )
         template = samples[0][1] if samples else self.data.token_template(self.tokens_key)
         tokens = torch.full((R, P, *template.shape[1:]), self.pad_value, dtype=template.dtype)
         segment = torch.zeros(R, P, dtype=torch.int32)
@@ -128,9 +140,9 @@ class PackedCollate:
             index.append([i for i, _ in row])
             for s, (_, t) in enumerate(row, start=1):
                 n = int(t.shape[0])
-                tokens[r, pos:pos + n] = t
-                segment[r, pos:pos + n] = s
-                position[r, pos:pos + n] = torch.arange(n)
+                tokens[r, pos : pos + n] = t
+                segment[r, pos : pos + n] = s
+                position[r, pos : pos + n] = torch.arange(n)
                 seqlens.append(n)
                 pos += n
         index += [[] for _ in range(R - len(rows))]
@@ -139,8 +151,16 @@ class PackedCollate:
             cu[1:] = torch.cumsum(torch.tensor(seqlens, dtype=torch.int32), 0)
         peak = int(self.cost_model.memory(R, P).total) if self.cost_model is not None else 0
         info = self.data.batch_info([i for i, _ in samples], bucket=0, shape=(R, P), predicted_peak_bytes=peak)
-        out = {"tokens": tokens, "segment_ids": segment, "position_ids": position, "attention_mask": segment > 0,
-               "cu_seqlens": cu, "max_seqlen": max(seqlens, default=0), "index": index, "info": info}
+        out = {
+            "tokens": tokens,
+            "segment_ids": segment,
+            "position_ids": position,
+            "attention_mask": segment > 0,
+            "cu_seqlens": cu,
+            "max_seqlen": max(seqlens, default=0),
+            "index": index,
+            "info": info,
+        }
         if self.with_layout:
             out["layout"] = self._layout(index)
         return out
@@ -153,8 +173,10 @@ class PackedCollate:
             start, segments = 0, []
             for i in row:
                 bd = self.data.breakdown(i)
-                segments += [dataclasses.replace(g, start=g.start + start, stop=g.stop + start)
-                             for g in token_layout(bd, self.data.spec)]
+                segments += [
+                    dataclasses.replace(g, start=g.start + start, stop=g.stop + start)
+                    for g in token_layout(bd, self.data.spec)
+                ]
                 start += bd.total
             rows.append(segments)
         return rows
@@ -178,9 +200,20 @@ class PackedBatchSampler(Sampler[list[int]]):
 
     STATE_KEYS = (*POSITION_KEYS, "plan_id", "world_size", "seed", "mode")
 
-    def __init__(self, lengths: Sequence[int] | np.ndarray, pack_length: int, rows_per_batch: int, *, plan_id: str,
-                 seed: int = 0, shuffle: bool = True, rank: int | None = None, world_size: int | None = None,
-                 pool: int = 4096, valid: Sequence[bool] | np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray,
+        pack_length: int,
+        rows_per_batch: int,
+        *,
+        plan_id: str,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        pool: int = 4096,
+        valid: Sequence[bool] | np.ndarray | None = None,
+    ) -> None:
         self.rank, self.world_size = _dist_defaults(rank, world_size)
         if rows_per_batch < 1:
             raise ConfigError(f"rows_per_batch should be a positive integer, but got rows_per_batch={rows_per_batch}")
@@ -206,7 +239,9 @@ class PackedBatchSampler(Sampler[list[int]]):
         """A sampler over a packed :class:`~tokenbucket.plan.manifest.Manifest` (rows in dataset order)."""
         plan = manifest.plan
         if plan.mode != "packed":
-            raise ConfigError(f"this manifest's plan is {plan.mode!r}, not 'packed': use BucketBatchSampler.from_manifest")
+            raise ConfigError(
+                f"this manifest's plan is {plan.mode!r}, not 'packed': use BucketBatchSampler.from_manifest"
+            )
         b = plan.buckets[0]
         kwargs.setdefault("seed", plan.meta.get("pack_seed", 0))
         kwargs.setdefault("pool", plan.meta.get("pack_pool", 4096))
@@ -216,11 +251,17 @@ class PackedBatchSampler(Sampler[list[int]]):
 
     def _batches(self) -> list[list[int]]:
         if self._cache is None or self._cache[0] != self.epoch:
-            rows = pack_rows(self.lengths[self.members], self.pack_length, seed=self.seed, epoch=self.epoch,
-                             pool=self.pool, shuffle=self.shuffle)
+            rows = pack_rows(
+                self.lengths[self.members],
+                self.pack_length,
+                seed=self.seed,
+                epoch=self.epoch,
+                pool=self.pool,
+                shuffle=self.shuffle,
+            )
             members = self.members.tolist()
             r = self.rows_per_batch
-            batches = [[members[i] for row in rows[s:s + r] for i in row] for s in range(0, len(rows), r)]
+            batches = [[members[i] for row in rows[s : s + r] for i in row] for s in range(0, len(rows), r)]
             batches += [[empty_row(len(self.lengths), 0)]] * (-len(batches) % self.world_size)
             self._cache = (self.epoch, batches)
         return self._cache[1]

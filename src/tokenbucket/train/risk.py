@@ -27,16 +27,17 @@ from torch.utils.data import Sampler
 
 from tokenbucket._exceptions import ConfigError, OOMRiskError, OOMRiskWarning
 
-__all__ = ["RISK_POLICIES", "OOMRiskError", "OOMRiskWarning", "RiskSplitSampler", "check_risk_options",
-           "static_split"]
+__all__ = ["RISK_POLICIES", "OOMRiskError", "OOMRiskWarning", "RiskSplitSampler", "check_risk_options", "static_split"]
 
 RISK_POLICIES = ("warn", "raise", "split")
 
 
 def check_risk_options(risk_threshold: float, on_risk: str) -> None:
     if isinstance(risk_threshold, bool) or not isinstance(risk_threshold, (int, float)) or not risk_threshold > 0:
-        raise ConfigError(f"risk_threshold should be a positive number (predicted peak / budget), "
-                          f"but got risk_threshold={risk_threshold!r}")
+        raise ConfigError(
+            f"risk_threshold should be a positive number (predicted peak / budget), "
+            f"but got risk_threshold={risk_threshold!r}"
+        )
     if on_risk not in RISK_POLICIES:
         raise ConfigError(f"on_risk should be one of {RISK_POLICIES}, but got on_risk={on_risk!r}")
 
@@ -99,10 +100,15 @@ class RiskSplitSampler(Sampler[list[int]]):
                 "by its own lengths); use a static plan, or on_risk='warn' under torch.distributed"
             )
         if self.plan.mode == "static" and getattr(sampler, "world_size", 1) > 1 and not sampler.sync_buckets:
-            raise ConfigError("on_risk='split' under torch.distributed needs sync_buckets=True, so that every rank "
-                              "splits the same bucket at the same step")
-        self._splits = [static_split(self.plan, cost_model, k, self.risk_threshold)
-                        for k in range(len(self.plan.buckets))] if self.plan.mode == "static" else []
+            raise ConfigError(
+                "on_risk='split' under torch.distributed needs sync_buckets=True, so that every rank "
+                "splits the same bucket at the same step"
+            )
+        self._splits = (
+            [static_split(self.plan, cost_model, k, self.risk_threshold) for k in range(len(self.plan.buckets))]
+            if self.plan.mode == "static"
+            else []
+        )
         self._part = 0  # the next part of the current batch (0: between batches)
         self._skip = 0  # parts of the first batch a resumed pass leaves out
         self._loaded: dict[str, Any] | None = None  # a loaded state, until the resumed pass starts
@@ -119,7 +125,7 @@ class RiskSplitSampler(Sampler[list[int]]):
         k = self._bucket(batch)
         count, rows = self._splits[k]
         real = [i for i in batch if i < len(self.data)]
-        out = [real[p * rows:(p + 1) * rows] for p in range(count)]
+        out = [real[p * rows : (p + 1) * rows] for p in range(count)]
         # a short batch still gives `count` parts (empty rows), so ranks in step stay in step
         return [part or [len(self.data) + k] for part in out]
 
@@ -176,9 +182,11 @@ def risk_message(info: Any, risk_threshold: float) -> str:
     """The report of a risky batch: bucket, shape, predicted peak, keys, tokens by modality and camera."""
     keys = list(info.keys[:8]) + (["..."] if len(info.keys) > 8 else [])
     cams = f", by camera {info.cameras}" if info.cameras else ""
-    return (f"bucket {info.bucket} batch {info.shape[0]}x{info.shape[1]} is predicted at "
-            f"{_mib(info.predicted_peak_bytes)} = {info.risk:.2f} of the budget (threshold "
-            f"{risk_threshold:g}); keys {keys}; tokens by modality {info.tokens}{cams}")
+    return (
+        f"bucket {info.bucket} batch {info.shape[0]}x{info.shape[1]} is predicted at "
+        f"{_mib(info.predicted_peak_bytes)} = {info.risk:.2f} of the budget (threshold "
+        f"{risk_threshold:g}); keys {keys}; tokens by modality {info.tokens}{cams}"
+    )
 
 
 def _mib(nbytes: int) -> str:

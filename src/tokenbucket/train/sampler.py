@@ -80,7 +80,7 @@ class Epoch:
         b = int(self.steps[step, rank])
         if b < 0:
             return [empty_row(self.num_samples, -1 - b)]
-        return self.perm[self.starts[b]:self.starts[b + 1]].tolist()  # type: ignore[no-any-return]
+        return self.perm[self.starts[b] : self.starts[b + 1]].tolist()  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
         return int(self.steps.shape[0])
@@ -239,8 +239,9 @@ class BucketBatchSampler(Sampler[list[int]]):
         self.dropped = 0
 
     @classmethod
-    def from_manifest(cls, manifest: Any, *, cost_model: Any = None, pool_batches: int = 32,
-                      **kwargs: Any) -> BucketBatchSampler:
+    def from_manifest(
+        cls, manifest: Any, *, cost_model: Any = None, pool_batches: int = 32, **kwargs: Any
+    ) -> BucketBatchSampler:
         """A sampler over a :class:`~tokenbucket.plan.manifest.Manifest` (rows in dataset order).
 
         A dynamic-mode manifest needs the ``cost_model`` it was planned with, to fill batches.
@@ -263,9 +264,17 @@ class BucketBatchSampler(Sampler[list[int]]):
             if self._order is None:  # the same every epoch: group once
                 self._order = members_by_bucket(self.buckets, len(self.batch_sizes))
             self._cache = epoch_steps(
-                self.buckets, self.batch_sizes, seed=self.seed, epoch=self.epoch, plan_id=self.plan_id,
-                world_size=self.world_size, sync_buckets=self.sync_buckets, drop_last=self.drop_last,
-                shuffle=self.shuffle, dynamic=self.dynamic, order=self._order,
+                self.buckets,
+                self.batch_sizes,
+                seed=self.seed,
+                epoch=self.epoch,
+                plan_id=self.plan_id,
+                world_size=self.world_size,
+                sync_buckets=self.sync_buckets,
+                drop_last=self.drop_last,
+                shuffle=self.shuffle,
+                dynamic=self.dynamic,
+                order=self._order,
             )
             self._cache_epoch = self.epoch
         self.dropped = self._cache.dropped
