@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from tokenbucket import BucketMonitor, CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.monitor.hooks import format_summary
+from tokenbucket.monitor.stats import format_summary
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.stream.dataset import StreamCollate
 from tokenbucket.stream.wds import index_shards

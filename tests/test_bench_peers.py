@@ -31,6 +31,7 @@ def test_score_counts_padding_fill_overruns_and_shapes(tmp_path: Path) -> None:
             bench_peers.score(lengths, path, cost, budget)
 
 
+@pytest.mark.slow
 def test_strategies_without_peers_run_and_hold_every_sample(tmp_path: Path) -> None:
     cost = CostModel(dataclasses.replace(ModelSpec.preset("design-24L-1024"), attention="flash"), "H100-SXM")
     budget = gpu_budget_bytes("H100-SXM")

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -240,21 +241,25 @@ def assert_paths_agree(rows: list[dict[str, Any]], spec: TokenSpec, table: pa.Ta
                 assert r["camera_tokens"] == [c.tokens for c in bd.cameras]
 
 
+@pytest.mark.slow
 @given(spec=token_specs(), rows=st.integers(1, 12).flatmap(lambda n: flat_rows(n)))
 def test_breakdown_paths_agree_on_valid_flat_rows(spec: TokenSpec, rows: list[dict[str, Any]]) -> None:
     assert_paths_agree(rows, spec, pa.Table.from_pylist(rows))
 
 
+@pytest.mark.slow
 @given(spec=token_specs(), rows=st.integers(1, 12).flatmap(lambda n: flat_rows(n, bad=True)))
 def test_breakdown_paths_agree_on_invalid_flat_rows(spec: TokenSpec, rows: list[dict[str, Any]]) -> None:
     assert_paths_agree(rows, spec, pa.Table.from_pylist(rows))
 
 
+@pytest.mark.slow
 @given(spec=token_specs(), rows=st.integers(1, 8).flatmap(lambda n: list_rows(n)))
 def test_breakdown_paths_agree_on_valid_per_camera_rows(spec: TokenSpec, rows: list[dict[str, Any]]) -> None:
     assert_paths_agree(rows, spec, pa.Table.from_pylist(rows))
 
 
+@pytest.mark.slow
 @given(spec=token_specs(), rows=st.integers(1, 8).flatmap(lambda n: list_rows(n, bad=True)))
 def test_breakdown_paths_agree_on_invalid_per_camera_rows(spec: TokenSpec, rows: list[dict[str, Any]]) -> None:
     schema = pa.schema(

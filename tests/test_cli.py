@@ -124,6 +124,7 @@ def test_cli_bad_flags_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 1 and "JSON object" in err
 
 
+@pytest.mark.slow
 def test_cli_demo_runs_as_a_process(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tokenbucket.cli.main", "demo", "--out", str(tmp_path), "--samples", "5000"],
@@ -237,6 +238,7 @@ def test_cli_ledger_json_with_whatif(capsys: pytest.CaptureFixture[str]) -> None
     assert code == 0 and "x16.00" in text
 
 
+@pytest.mark.slow
 def test_cli_profile_user_model_side_by_side(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, _ = run(
         capsys,
@@ -287,6 +289,7 @@ def test_cli_profile_user_model_side_by_side(capsys: pytest.CaptureFixture[str],
     assert code == 1 and "cannot import" in err
 
 
+@pytest.mark.slow
 def test_cli_plan_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = tmp_path / "m.parquet"
     pq.write_table(mixture_a(5000, seed=2), src)

@@ -120,6 +120,7 @@ GRID = [(256, 512, 1), (256, 8192, 4), (512, 2048, 2), (1024, 512, 4), (1024, 81
     ("attention", "precision", "checkpointing"),
     list(itertools.product(["flash", "eager"], ["bf16", "amp"], ["none", "full"])),
 )
+@pytest.mark.slow
 def test_cost_matches_profiler_on_reference_block(attention: str, precision: str, checkpointing: str) -> None:
     tolerance = 0.05 if checkpointing == "none" else 0.08
     for d, length, b in GRID:

@@ -13,6 +13,7 @@ from tokenbucket import TokenSpec, breakdown_sample
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_examples_count_tokens_runs() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "count_tokens.py")],
@@ -43,6 +44,7 @@ def test_examples_train_tiny_runs_and_learns(tmp_path: Path) -> None:
     assert len(steps) == 6  # the monitor recorded every step
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
 def test_examples_stream_train_runs_on_fresh_shards(tmp_path: Path) -> None:
     import gc

@@ -166,6 +166,7 @@ def _part_histogram(args: tuple[str, dict[str, object]]) -> dict[str, list[int]]
     return length_histogram(path, TokenSpec.from_dict(spec)).to_dict()
 
 
+@pytest.mark.slow
 def test_manifest_parts_counted_in_parallel_processes_plan_like_one_pass(tmp_path: Path) -> None:
     import multiprocessing as mp
 

@@ -28,8 +28,9 @@ from torch.utils.data import DataLoader
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket._exceptions import OOMRiskError, OOMRiskWarning, PlanDriftWarning
-from tokenbucket.monitor.hooks import BucketMonitor, format_summary, is_oom, read_replay, split_batch, summarize_events
+from tokenbucket.monitor.hooks import BucketMonitor, is_oom, read_replay, split_batch
 from tokenbucket.monitor.sinks import JsonlSink, LoggingSink, TensorBoardSink
+from tokenbucket.monitor.stats import format_summary, summarize_events
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.testing import RandomTokens
 from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
@@ -376,6 +377,7 @@ def oom_loop(
     return trained, monitor, len(data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_guard_skip_every_sample_is_trained_or_in_the_replay_file(tmp_path: Path, num_workers: int) -> None:
     trained, monitor, n = oom_loop(tmp_path, "skip", limit=300, num_workers=num_workers)
@@ -389,6 +391,7 @@ def test_guard_skip_every_sample_is_trained_or_in_the_replay_file(tmp_path: Path
     assert {r["keys"][0] for r in replay} == {e["keys"][0] for e in ooms}
 
 
+@pytest.mark.slow
 def test_guard_split_ends_with_every_sample_trained(tmp_path: Path) -> None:
     trained, _monitor, n = oom_loop(tmp_path, "split", limit=300)
     assert sorted(trained) == list(range(n))
@@ -397,6 +400,7 @@ def test_guard_split_ends_with_every_sample_trained(tmp_path: Path) -> None:
     assert ooms and all(e["policy"] == "split" for e in ooms)
 
 
+@pytest.mark.slow
 def test_guard_split_down_to_one_sample_then_replay(tmp_path: Path) -> None:
     data = setup()
     longest = int(data.lengths.max())
@@ -428,6 +432,7 @@ def test_guard_frees_the_failed_attempt_before_the_retry(tmp_path: Path) -> None
     monitor.close()
 
 
+@pytest.mark.slow
 def test_guard_adapt_lowers_the_batch_size_and_says_so(tmp_path: Path) -> None:
     with pytest.warns(OOMRiskWarning, match="parts of"):
         trained, monitor, n = oom_loop(tmp_path, "split", limit=300, adapt=True)
@@ -487,6 +492,7 @@ def test_split_batch_parts_are_exact_and_trimmed() -> None:
 # -- sinks ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_jsonl_lines_stay_valid_when_the_process_is_killed(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     script = textwrap.dedent(f"""

@@ -170,6 +170,7 @@ def test_packed_collate_takes_a_sample_of_no_tokens() -> None:
         assert out["cu_seqlens"].tolist()[-1] == int(totals[order].sum())
 
 
+@pytest.mark.slow
 def test_flex_block_mask_matches_the_sdpa_mask() -> None:
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
     seg = torch.tensor([[1] * 40 + [2] * 50 + [3] * 30 + [0] * 8, [1] * 128])
@@ -184,6 +185,7 @@ def test_flex_block_mask_matches_the_sdpa_mask() -> None:
 # -- the packed planning mode and its sampler --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_plan_packed_on_mixture_a_flash_beats_the_oracle_in_one_shape() -> None:
     from tokenbucket import gpu_budget_bytes
     from tokenbucket.plan._search import max_batch_table
@@ -278,6 +280,7 @@ def _packed_ddp_worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_packed_sampler_ddp_gloo_equal_steps_every_sample_once(tmp_path: object, world: int) -> None:
     import json

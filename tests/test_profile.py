@@ -34,6 +34,7 @@ def ref_batch(b: int, n: int) -> torch.Tensor:
     return torch.empty(b, n, SPEC.hidden, dtype=torch.bfloat16)
 
 
+@pytest.mark.slow
 def test_profile_user_model_phases_and_growth() -> None:
     small = profile_memory(build, make_batch, 1, 256)
     big = profile_memory(build, make_batch, 4, 256)
@@ -54,6 +55,7 @@ def test_profile_optimizer_states_show_in_the_second_step() -> None:
     assert adam.peaks["optimizer"] - sgd.peaks["optimizer"] == pytest.approx(2 * params_bytes, rel=0.02)
 
 
+@pytest.mark.slow
 def test_profile_measured_cost_model_fits_and_predicts_new_points() -> None:
     prof = profile_points(ref_factory, ref_batch, [(1, 256), (2, 256), (1, 1024), (2, 1024), (1, 2048)])
     measured = MeasuredCostModel(prof)
@@ -68,6 +70,7 @@ def test_profile_measured_cost_model_fits_and_predicts_new_points() -> None:
     assert abs(measured.max_batch(1536, budget) - CostModel(SPEC).max_batch(1536, budget)) <= 1
 
 
+@pytest.mark.slow
 def test_profile_save_load_round_trip_and_refusals(tmp_path: Path) -> None:
     prof = profile_points(ref_factory, ref_batch, [(1, 128), (2, 128), (1, 512)], target="H100-SXM")
     path = tmp_path / "profile.json"
@@ -93,6 +96,7 @@ def test_profile_model_hash_tells_models_apart() -> None:
     assert len({a, b, c}) == 3 and a == same
 
 
+@pytest.mark.slow
 def test_profile_max_batch_measured_on_fake_tensors_is_the_boundary() -> None:
     budget = profile_memory(ref_factory, ref_batch, 5, 512).peak
     b = max_batch_measured(ref_factory, ref_batch, 512, budget_bytes=budget, device="fake")

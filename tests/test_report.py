@@ -172,6 +172,7 @@ def test_cli_report_json_matches_log(run_log: Path, capsys: pytest.CaptureFixtur
     assert data["partial_last_line"] is True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("measured", [False, True], ids=["cpu", "cuda"])
 def test_cli_report_out_writes_pngs_and_self_contained_html(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], measured: bool

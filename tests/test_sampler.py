@@ -88,6 +88,7 @@ def _ddp_worker(rank: int, world: int, port: int, out: str, drop_last: bool, syn
         (3, False, False),
     ],
 )
+@pytest.mark.slow
 def test_sampler_ddp_gloo_every_sample_once_and_equal_steps(
     tmp_path: Path, world: int, drop_last: bool, sync: bool
 ) -> None:
@@ -131,6 +132,7 @@ class _Loader:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_sampler_resume_with_stateful_dataloader_is_exact(workers: int) -> None:
     harness = _Loader(workers)
@@ -200,6 +202,7 @@ print(json.dumps(list(sampler)))
 """
 
 
+@pytest.mark.slow
 def test_sampler_same_seed_and_epoch_same_batches_in_two_processes() -> None:
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "src")])}

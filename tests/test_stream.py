@@ -123,6 +123,7 @@ def test_stream_counts_a_key_only_some_samples_have() -> None:
     assert [(r["key"], r["column"]) for r in records] == [(rows[3]["key"], "text_tokens")]
 
 
+@pytest.mark.slow
 def test_stream_max_buffered_bounds_what_waits() -> None:
     stream = samples()
     plan = plan_for(stream)
@@ -242,6 +243,7 @@ def handled(batches: list[Any], records: list[dict[str, Any]]) -> list[tuple[str
     ]
 
 
+@pytest.mark.slow
 def test_stream_resume_across_a_shuffle_buffer_is_exact_with_shard_sizes() -> None:
     stream = interleaved()
     plan = plan_for(stream)
@@ -367,6 +369,7 @@ def test_estimate_plan_from_the_first_samples_states_its_uncertainty() -> None:
     assert stretched.plan.bounds[-1] >= 1.5 * est.max_seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_bucketed_stream_resumes_with_stateful_dataloader(num_workers: int) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader

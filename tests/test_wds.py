@@ -77,6 +77,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return write_shards(tmp_path_factory.mktemp("shards"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_wds_every_sample_once_batches_fit_rejects_recorded(
     shards: dict[str, Any], tmp_path: Path, num_workers: int
@@ -135,6 +136,7 @@ def test_wds_index_counts_upper_case_members_as_webdataset_reads_them(tmp_path: 
     assert index.samples == len(seen) == 6
 
 
+@pytest.mark.slow
 def test_wds_resume_across_a_shuffle_buffer_through_the_index(shards: dict[str, Any]) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -209,6 +211,7 @@ def _ddp_worker(rank: int, world: int, port: int, root: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_wds_ddp_gloo_equal_steps_and_no_sample_on_two_ranks(tmp_path: Path, world: int) -> None:
     made = write_shards(tmp_path, n=420, shards=7, seed=5, bad=False)

@@ -28,8 +28,9 @@ from tokenbucket.cli._common import _gib, _histogram, _print_plan, _print_summar
 from tokenbucket.cost.gpus import gpu_budget_bytes
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.model import ModelSpec
-from tokenbucket.monitor.hooks import BucketMonitor, format_summary
+from tokenbucket.monitor.hooks import BucketMonitor
 from tokenbucket.monitor.report import read_events, write_report
+from tokenbucket.monitor.stats import format_summary
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.plan.manifest import build_manifest
 from tokenbucket.testing import RandomTokens, mixture_a

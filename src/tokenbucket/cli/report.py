@@ -9,8 +9,8 @@ import argparse
 import json
 from pathlib import Path
 
-from tokenbucket.monitor.hooks import format_summary, summarize_events
 from tokenbucket.monitor.report import read_events, write_report
+from tokenbucket.monitor.stats import format_summary, summarize_events
 
 __all__ = ["add_arguments", "run"]
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.monitor.hooks import summarize_events
+from tokenbucket.monitor.stats import summarize_events
 
 __all__ = ["COUNTED_EVENTS", "ReportFiles", "RunLog", "read_events", "write_report"]
 

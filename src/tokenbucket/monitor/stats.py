@@ -1,0 +1,189 @@
+"""Per-bucket aggregates of a run: what the monitor keeps in memory and ``tokenbucket report``
+rebuilds from the log (latency percentiles, tokens/s, predicted and measured peaks, risk)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RunStats", "format_summary", "summarize_events"]
+
+
+# NOTE [ Latency histogram ]
+# Latencies are counted in log-spaced bins 1 % wide (sparse: a bucket's steps fill a few bins),
+# so percentiles cost constant memory and state over a run of any length, within 0.5 %; the
+# maximum is kept exactly.
+_BIN = math.log(1.01)
+
+
+def _latency_bin(seconds: float) -> int:
+    return math.floor(math.log(max(seconds, 1e-9)) / _BIN)
+
+
+def _percentile(bins: Mapping[int, int], total: int, q: float) -> float:
+    rank = max(1, math.ceil(q / 100 * total))  # nearest rank
+    seen = 0
+    for b in sorted(bins):
+        seen += bins[b]
+        if seen >= rank:
+            return math.exp((b + 0.5) * _BIN)  # the bin's geometric middle
+    raise AssertionError("rank beyond the histogram's count")
+
+
+@dataclass
+class _Bucket:
+    steps: int = 0
+    latency_bins: dict[int, int] = field(default_factory=dict)
+    latency_max: float = 0.0
+    seconds: float = 0.0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    predicted_peak: int = 0
+    measured_peak: int | None = None
+    reserved_peak: int | None = None
+    max_risk: float = 0.0
+    max_ratio: float | None = None
+    risky: int = 0
+    ooms: int = 0
+
+
+class RunStats:
+    """Per-bucket aggregates of step, risk and oom events; the monitor's and the report's."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, _Bucket] = {}
+
+    def _bucket(self, k: int) -> _Bucket:
+        b = self.buckets.get(k)
+        if b is None:
+            b = self.buckets[k] = _Bucket()
+        return b
+
+    def add(self, event: Mapping[str, Any]) -> None:
+        kind = event["event"]
+        if kind == "step":
+            self.add_step(
+                event["bucket"],
+                event["latency_s"],
+                event["real_tokens"],
+                event["padded_tokens"],
+                event["predicted_bytes"],
+                event["measured_bytes"],
+                event["reserved_bytes"],
+                event["risk"],
+            )
+        elif kind == "oom":
+            self._bucket(event["bucket"]).ooms += 1
+        elif kind == "risk":
+            self._bucket(event["bucket"]).risky += 1
+
+    def add_step(
+        self,
+        bucket: int,
+        latency: float,
+        real_tokens: int,
+        padded_tokens: int,
+        predicted: int,
+        measured: int | None,
+        reserved: int | None,
+        risk: float,
+    ) -> None:
+        # plain comparisons, not max(): this runs every step (benchmarks/bench_monitor.py)
+        b = self.buckets.get(bucket) or self._bucket(bucket)
+        b.steps += 1
+        k = _latency_bin(latency)
+        b.latency_bins[k] = b.latency_bins.get(k, 0) + 1
+        if latency > b.latency_max:
+            b.latency_max = latency
+        b.seconds += latency
+        b.real_tokens += real_tokens
+        b.padded_tokens += padded_tokens
+        if predicted > b.predicted_peak:
+            b.predicted_peak = predicted
+        if risk > b.max_risk:
+            b.max_risk = risk
+        if measured is not None:
+            b.measured_peak = max(b.measured_peak or 0, measured)
+            b.reserved_peak = max(b.reserved_peak or 0, reserved or 0)
+            ratio = measured / predicted
+            b.max_ratio = ratio if b.max_ratio is None else max(b.max_ratio, ratio)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per bucket seen, by bucket (the keys :func:`format_summary` prints)."""
+        out = []
+        for k in sorted(self.buckets):
+            b = self.buckets[k]
+            out.append(
+                {
+                    "bucket": k,
+                    "steps": b.steps,
+                    "latency_p50_s": min(_percentile(b.latency_bins, b.steps, 50), b.latency_max) if b.steps else None,
+                    "latency_p95_s": min(_percentile(b.latency_bins, b.steps, 95), b.latency_max) if b.steps else None,
+                    "latency_max_s": b.latency_max if b.steps else None,
+                    "tokens_per_s": b.real_tokens / b.seconds if b.seconds > 0 else None,
+                    "padding_efficiency": b.real_tokens / b.padded_tokens if b.padded_tokens else None,
+                    "predicted_peak_bytes": b.predicted_peak,
+                    "measured_peak_bytes": b.measured_peak,
+                    "reserved_peak_bytes": b.reserved_peak,
+                    "max_risk": b.max_risk,
+                    "drift_ratio": b.max_ratio,
+                    "risky_batches": b.risky,
+                    "ooms": b.ooms,
+                }
+            )
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        # JSON-ready: string keys throughout
+        return {
+            str(k): {**vars(b), "latency_bins": {str(i): c for i, c in b.latency_bins.items()}}
+            for k, b in self.buckets.items()
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.buckets = {
+            int(k): _Bucket(**{**v, "latency_bins": {int(i): c for i, c in v["latency_bins"].items()}})
+            for k, v in state.items()
+        }
+
+
+def summarize_events(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The per-bucket table of a run log's events (what ``tokenbucket report`` prints)."""
+    stats = RunStats()
+    for event in events:
+        stats.add(event)
+    return stats.rows()
+
+
+def format_summary(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The per-bucket table as text."""
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1e3:.1f}"
+
+    # GiB for real GPUs, MiB for the small budgets of CPU runs and tests
+    unit, scale = (
+        ("GiB", 2**30) if max((r["predicted_peak_bytes"] for r in rows), default=0) >= 2**30 else ("MiB", 2**20)
+    )
+
+    def size(v: int | None) -> str:
+        return "-" if v is None else f"{v / scale:.2f}"
+
+    head = (
+        f"{'bucket':>6} {'steps':>6} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'tokens/s':>10} {'pad eff':>7} "
+        f"{'pred ' + unit:>8} {'meas ' + unit:>8} {'max risk':>8} {'drift':>6} {'risky':>5} {'ooms':>4}"
+    )
+    lines = [head]
+    for r in rows:
+        tps = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
+        eff = "-" if r.get("padding_efficiency") is None else f"{r['padding_efficiency']:.3f}"
+        drift = "-" if r["drift_ratio"] is None else f"{r['drift_ratio']:.3f}"
+        lines.append(
+            f"{r['bucket']:>6} {r['steps']:>6} {ms(r['latency_p50_s']):>8} {ms(r['latency_p95_s']):>8} "
+            f"{ms(r['latency_max_s']):>8} {tps:>10} {eff:>7} {size(r['predicted_peak_bytes']):>8} "
+            f"{size(r['measured_peak_bytes']):>8} {r['max_risk']:>8.3f} {drift:>6} "
+            f"{r.get('risky_batches', 0):>5} {r['ooms']:>4}"
+        )
+    return "\n".join(lines)
