@@ -19,7 +19,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.monitor.hooks import BucketMonitor, format_summary
+from tokenbucket.monitor.hooks import BucketMonitor
+from tokenbucket.monitor.stats import format_summary
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
 

@@ -92,6 +92,7 @@ _LAZY = {
     "BucketedStream": "stream.dataset",
     "StreamCollate": "stream.dataset",
     "BucketMonitor": "monitor.hooks",
+    "format_summary": "monitor.stats",
     "JsonlSink": "monitor.sinks",
     "LoggingSink": "monitor.sinks",
     "TensorBoardSink": "monitor.sinks",
@@ -118,6 +119,7 @@ if TYPE_CHECKING:
     from tokenbucket.monitor.hooks import BucketMonitor
     from tokenbucket.monitor.report import read_events, write_report
     from tokenbucket.monitor.sinks import JsonlSink, LoggingSink, TensorBoardSink
+    from tokenbucket.monitor.stats import format_summary
     from tokenbucket.plan.bucket_plan import Bucket, BucketPlan, LengthHistogram
     from tokenbucket.plan.buckets import check_plan, plan_buckets, plan_from_bounds
     from tokenbucket.plan.manifest import Manifest, build_manifest, load_manifest
@@ -187,6 +189,7 @@ __all__ = [
     "breakdown_table",
     "build_manifest",
     "check_plan",
+    "format_summary",
     "get_gpu",
     "gpu_budget_bytes",
     "ledger_with_whatifs",
