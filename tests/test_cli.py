@@ -326,3 +326,16 @@ def test_cli_plan_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert code == 1 and "do not fit the budget even alone" in err
     code, _, err = run(capsys, "plan", str(src), "--out", str(tmp_path / "x.parquet"))
     assert code == 1 and "needs a budget" in err
+
+
+def test_cli_loads_only_the_verb_it_runs() -> None:
+    # NOTE [ Verbs load on demand ]: `tokenbucket gpus` must not import torch (seconds) for a table
+    code = (
+        "import sys, contextlib, io\n"
+        "from tokenbucket.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    rc = main(['gpus'])\n"
+        "print(rc, 'torch' in sys.modules, 'tokenbucket.cli.profile' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["0", "False", "False"]

@@ -9,6 +9,7 @@ circle hides), and imports under ``if TYPE_CHECKING:`` obey the same rule.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,3 +210,23 @@ def test_layout_checker_catches_a_circle_within_a_stage(tmp_path: Path) -> None:
 def test_layout_checker_refuses_a_module_outside_every_stage(module: str) -> None:
     with pytest.raises(AssertionError, match="belongs to no stage"):
         stage_of(module)
+
+
+def note_citations(root: Path) -> dict[str, int]:
+    """How often each ``NOTE [ Title ]`` occurs in the package (its block, then its citations)."""
+    counts: dict[str, int] = {}
+    for path in root.rglob("*.py"):
+        for title in re.findall(r"NOTE \[ ?([^\]\n]*?) ?\]", path.read_text()):
+            counts[title] = counts.get(title, 0) + 1
+    return counts
+
+
+def test_layout_every_note_is_cited_where_its_rule_applies() -> None:
+    counts = note_citations(PACKAGE)
+    assert counts, "no NOTE blocks found"
+    assert sorted(title for title, n in counts.items() if n < 2) == []
+
+
+def test_layout_note_checker_counts_a_lone_note(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"tokens/a.py": "# NOTE [ Lone ]\n# NOTE [ Cited ]\nx = 1  # NOTE [ Cited ]\n"})
+    assert note_citations(root) == {"Lone": 1, "Cited": 2}

@@ -25,6 +25,7 @@ R_NOT_POSITIVE = "should be at least 1"
 # Bounds keep every product in int64: a camera's tokens are at most
 # frames (2**20) x height (2**15) x width (2**15) with patch 1, i.e. 2**50, times 256 cameras
 # is 2**58. Larger values are metadata errors, never silently wrapped.
+# NOTE [ Value bounds ]
 MAX_CAMERAS = 256
 MAX_FRAMES = 2**20
 MAX_SIDE = 2**15

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "metadata.parquet"
     print(f"1. writing {args.samples:,} samples of mixture A (multi-camera, seed {args.seed}) to {path}")
+    # NOTE [ Mixture A ]: the long-tailed reference workload
     pq.write_table(mixture_a(args.samples, seed=args.seed), path)
     spec = TokenSpec(patch=14)
     print(f"2. token spec: patch {spec.patch}, resize {spec.resize}; text/proprio/action/memory from columns")

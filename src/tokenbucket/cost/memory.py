@@ -35,6 +35,8 @@ FLOPs
     ``3 x`` that, with flash's backward recompute making the attention part ``3.5 x``, and one
     more forward under full checkpointing.
 
+Backward transients: NOTE [ Backward walks the layers ] in :meth:`CostModel.memory`.
+
 The model is checked against :mod:`tokenbucket.cost.profile` on the reference block in
 ``tests/test_cost.py`` (±5 % without checkpointing, ±8 % with) and on a larger sweep in
 ``benchmarks/bench_cost_model.py``.
@@ -330,6 +332,7 @@ class CostModel:
             att_mult = 3.5 if m.attention in ("flash", "sdpa", "mem_efficient") else 3.0
             training_attention = int(att_mult * attention)
             training = int(3 * dense) + training_attention
+            # NOTE [ Full checkpointing ]: one more forward for the recompute
             if m.checkpointing == "full":
                 training += forward
                 training_attention += attention

@@ -164,6 +164,7 @@ def _run_steps(
     mark: Callable[[str], None],
 ) -> None:
     model = model_factory()
+    # NOTE [ deepcopy under FakeTensorMode ]: fake tensors from another mode are rebound here
     _adopt(model)
     opt: torch.optim.Optimizer | None = None
     if train and optimizer == "adamw":
@@ -222,6 +223,7 @@ def profile_memory(
             model_factory, make_batch, batch, length, train=train, optimizer=optimizer, steps=steps, loss_fn=loss_fn
         )
     tracker = StorageTracker()
+    # NOTE [ Fake CPU stands in for CUDA ]: fake tensors on cpu, never a fake cuda device
     with FakeTensorMode(), tracker, warnings.catch_warnings():
         # nn.Transformer* layers probe data pointers for their fast path; fake tensors have none
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")

@@ -275,6 +275,7 @@ class BucketMonitor:
             self._events = (start, end)
         else:
             self._events = None
+            # NOTE [ Latency ]: the step's own time, from here to on_batch_end
             self._start = self.clock()
 
     def on_batch_end(self) -> None:

@@ -105,6 +105,7 @@ def read_events(path: str | Path) -> RunLog:
     bad: tuple[int, bytes, str] | None = None  # (line number, text, reason) of the latest bad line
     try:
         with path.open("rb") as f:  # bytes: a cut-off last line may end inside a UTF-8 character
+            # NOTE [ Partial last line ]: only the last line may be cut short
             for number, raw in enumerate(f, start=1):
                 if not raw.strip():
                     continue

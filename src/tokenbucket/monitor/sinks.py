@@ -65,6 +65,7 @@ class JsonlSink:
         data = "".join(self._lines).encode()
         self._lines.clear()
         while data:
+            # NOTE [ Whole lines only ]: one write call per whole line
             data = data[os.write(self._fd, data) :]
         self._last = time.monotonic()
 

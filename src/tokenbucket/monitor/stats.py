@@ -119,6 +119,7 @@ class RunStats:
                 {
                     "bucket": k,
                     "steps": b.steps,
+                    # NOTE [ Latency histogram ]: percentiles within 1 %, capped by the exact maximum
                     "latency_p50_s": min(_percentile(b.latency_bins, b.steps, 50), b.latency_max) if b.steps else None,
                     "latency_p95_s": min(_percentile(b.latency_bins, b.steps, 95), b.latency_max) if b.steps else None,
                     "latency_max_s": b.latency_max if b.steps else None,

@@ -184,6 +184,7 @@ def plan_buckets(
     pos = np.searchsorted(cands, hist.values, side="left")
     n_at = np.bincount(pos, weights=hist.counts, minlength=len(cands))
     prefix = np.concatenate([[0.0], np.cumsum(n_at)])
+    # NOTE [ The objective ]: exact DP over the candidate bounds
     chosen = _dp(prefix, bsz.astype(np.float64), step, max_buckets)
     bounds = cands[chosen]
     return _describe(mode, bounds, bsz[chosen], hist, raw, cost_model, budget_bytes, oversize, meta, pool_batches, seed)
@@ -274,6 +275,7 @@ def _simulate_dynamic(
     out = []
     for k in range(len(bounds)):
         members = lengths[bucket_of == k]
+        # NOTE [ Sorted pools ]: simulated as the sampler will cut them
         batches = dynamic_batches(members, cost, budget, pool_batches=pool_batches, rng=rng)
         padded = sum(len(idx) * int(members[idx].max()) for idx in batches)
         seconds = sum(step_cost(cost, len(idx), int(members[idx].max())) for idx in batches)

@@ -361,6 +361,7 @@ class _PartSink:
         if self.writer is not None:
             self.parts.append((self.writer, self.hasher, self.part_rows_written))
             self.writer = None
+        # NOTE [ Overlapped writes ]: the writer thread's parts are closed here
         for i, (writer, hasher, rows) in enumerate(self.parts):
             stamp = {**info, "rows": rows, "content_hash": hasher.hexdigest(), "part": i, "parts": len(self.parts)}
             writer.add_key_value_metadata({META_KEY.decode(): json.dumps(stamp)})
@@ -474,6 +475,7 @@ def _part_number(path: Path) -> tuple[int, str]:
 
 
 def _check_unique_keys(keys: pa.Array) -> None:
+    # NOTE [ Duplicate keys ]: the later row of a repeated key is the one refused
     dup = duplicate_rows(keys)
     if len(dup):
         row = int(dup[0])

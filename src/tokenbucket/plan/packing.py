@@ -182,6 +182,7 @@ def plan_packing(
         rows_per_batch = cost_model.max_batch(length, budget_bytes)
         rows = len(pack_rows(raw, length, seed=seed, pool=pool))
         batches = -(-rows // rows_per_batch)
+        # NOTE [ Packed FLOPs ]
         seconds = packed_epoch_seconds(cost_model, rows_per_batch, length, batches, attention_flops)
         if best is None or seconds <= best[0]:
             best = (seconds, length, rows_per_batch, batches)

@@ -66,6 +66,7 @@ class ChunkCounter:
         if type(value) is bytes or isinstance(value, (bytearray, str)):
             try:
                 # decode the text ourselves: json.loads would sniff the bytes' encoding every call
+                # NOTE [ Leave the metadata to the stage ]: bytes, text or a decoded dict
                 value = _DECODE(value if isinstance(value, str) else value.decode("utf-8"))
             except ValueError as exc:
                 text = value[:60] if isinstance(value, str) else bytes(value[:60])

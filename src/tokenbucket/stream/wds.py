@@ -125,6 +125,7 @@ class ShardIndex:
         )
         return int(counts.max()) if counts.size else 0
 
+    # NOTE [ Equal steps from a shard index ]
     def bucketed(
         self,
         plan: BucketPlan,

@@ -122,6 +122,7 @@ def epoch_steps(
         if dynamic is not None:
             lengths, cost, budget, pool_batches = dynamic
             try:
+                # NOTE [ Sorted pools ]: the same cut the planner simulated
                 cut = dynamic_batches(lengths[members], cost, budget, pool_batches=pool_batches, rng=rng)
             except OversizeSampleError as exc:
                 raise ConfigError(
