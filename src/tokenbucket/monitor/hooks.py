@@ -46,6 +46,7 @@ import torch
 from tokenbucket._exceptions import ConfigError, OOMRiskWarning, PlanDriftWarning
 from tokenbucket.monitor.sinks import JsonlSink
 from tokenbucket.monitor.stats import RunStats
+from tokenbucket.train.batch import BatchInfo
 from tokenbucket.train.risk import check_risk_options
 
 __all__ = [
@@ -205,7 +206,7 @@ class BucketMonitor:
         self.step_count = 0
         self.drift_levels: dict[int, float] = {}
         self.limits: dict[int, int] = {}  # batch sizes lowered after OOMs (adapt=True)
-        self._info: Any = None
+        self._info: BatchInfo | None = None
         self._start = 0.0
         self._events: tuple[Any, Any] | None = None
         self._emit(
@@ -235,7 +236,7 @@ class BucketMonitor:
         for sink in self.sinks:
             sink(event)
 
-    def _batch_fields(self, info: Any) -> dict[str, Any]:
+    def _batch_fields(self, info: BatchInfo) -> dict[str, Any]:
         return {
             "bucket": info.bucket,
             "rows": info.shape[0],
@@ -245,14 +246,14 @@ class BucketMonitor:
             "cameras": info.cameras or self._cameras(info),
         }
 
-    def _cameras(self, info: Any) -> dict[str, int]:
+    def _cameras(self, info: BatchInfo) -> dict[str, int]:
         if self.data is None or not info.indices:
             return {}
         return self.data.camera_tokens(info.indices) or {}
 
     # -- hooks around a step -----------------------------------------------------------------------
 
-    def on_batch_start(self, info: Any, batch: Any = None) -> None:
+    def on_batch_start(self, info: BatchInfo, batch: Any = None) -> None:
         """Call before the step with the batch's :class:`~tokenbucket.train.collate.BatchInfo` (and the batch,
         so a batch on a GPU is timed with CUDA events)."""
         if info.risk > self.risk_threshold:
@@ -327,7 +328,7 @@ class BucketMonitor:
         if measured is not None:
             self._check_drift(info.bucket, measured / info.predicted_peak_bytes, step)
 
-    def step(self, info: Any, batch: Any = None) -> _StepScope:
+    def step(self, info: BatchInfo, batch: Any = None) -> _StepScope:
         """``with monitor.step(batch["info"], batch): ...`` — times and records the step; an OOM
         inside is recorded (policy ``raise``) and re-raised."""
         return _StepScope(self, info, batch)
@@ -422,7 +423,7 @@ class BucketMonitor:
             )
         split = split_fn or (lambda batch, parts: split_batch(batch, parts, cost_model=self.cost_model))
 
-        def run(batch: Any, info: Any) -> Any:
+        def run(batch: Any, info: BatchInfo) -> Any:
             n = len(info.keys)
             limit = self.limits.get(info.bucket)
             if limit is not None and n > limit:
@@ -454,7 +455,7 @@ class BucketMonitor:
 
         return guarded
 
-    def _record_oom(self, info: Any, exc: BaseException, policy: str) -> None:
+    def _record_oom(self, info: BatchInfo, exc: BaseException, policy: str) -> None:
         # mark the error, not keep it: a reference would keep its traceback's frames (the failed
         # step's tensors) alive through the retry
         with contextlib.suppress(AttributeError):
@@ -558,7 +559,7 @@ class _StepScope:
 
     __slots__ = ("batch", "info", "monitor")
 
-    def __init__(self, monitor: BucketMonitor, info: Any, batch: Any) -> None:
+    def __init__(self, monitor: BucketMonitor, info: BatchInfo, batch: Any) -> None:
         self.monitor, self.info, self.batch = monitor, info, batch
 
     def __enter__(self) -> None:

@@ -11,7 +11,7 @@ from tokenbucket._exceptions import OversizeError
 from tokenbucket._search import largest_fitting
 
 
-def max_batches_at(cost: Any, bounds: np.ndarray, budget: int) -> np.ndarray:
+def max_batches_at(cost: SupportsCost, bounds: np.ndarray, budget: int) -> np.ndarray:
     """Largest batch at each (ascending) bound. Memory grows with length, so the largest batch
     shrinks: start each search from the previous answer (one or two checks per bound)."""
     out = np.zeros(len(bounds), dtype=np.int64)
@@ -29,7 +29,7 @@ def max_batches_at(cost: Any, bounds: np.ndarray, budget: int) -> np.ndarray:
     return out
 
 
-def max_batch_table(cost: Any, lengths: np.ndarray, budget: int) -> np.ndarray:
+def max_batch_table(cost: SupportsCost, lengths: np.ndarray, budget: int) -> np.ndarray:
     """The largest batch at each length, via :func:`max_batches_at` over the distinct ones."""
     values, inverse = np.unique(lengths, return_inverse=True)
     return max_batches_at(cost, values, budget)[inverse]
@@ -44,7 +44,7 @@ class OversizeSampleError(OversizeError):
 
 
 def dynamic_batches(
-    lengths: np.ndarray, cost: Any, budget: int, *, pool_batches: int, rng: np.random.Generator
+    lengths: np.ndarray, cost: SupportsCost, budget: int, *, pool_batches: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
     """Indices into ``lengths`` cut into batches padded to their own longest sample.
 
@@ -91,8 +91,10 @@ class SupportsCost(Protocol):
 
     def flops(self, batch: int, length: int) -> Any: ...
 
+    def step_seconds(self, batch: int, length: int) -> float: ...
 
-def step_cost(cost: Any, batch: int, length: int) -> float:
+
+def step_cost(cost: SupportsCost, batch: int, length: int) -> float:
     """Seconds per step; without a GPU, training FLOPs at 1 PFLOP/s (the ranking is the same)."""
     if getattr(cost, "gpu", None) is not None:
         return float(cost.step_seconds(batch, length))

@@ -38,7 +38,8 @@ from typing import Any, Literal
 import numpy as np
 
 from tokenbucket._exceptions import ConfigError, OversizeError
-from tokenbucket.plan._search import dynamic_batches, longest_fitting, max_batches_at, step_cost
+from tokenbucket.cost.memory import CostModel
+from tokenbucket.plan._search import SupportsCost, dynamic_batches, longest_fitting, max_batches_at, step_cost
 from tokenbucket.plan.bucket_plan import PLAN_FORMAT, Bucket, BucketPlan, LengthHistogram, Mode
 from tokenbucket.plan.packing import plan_packing
 
@@ -76,7 +77,7 @@ def _candidates(hist: LengthHistogram, max_candidates: int, multiple: int) -> np
 
 def plan_buckets(
     lengths: Sequence[int] | np.ndarray | LengthHistogram,
-    cost_model: Any,
+    cost_model: SupportsCost,
     budget_bytes: int,
     *,
     max_buckets: int = 32,
@@ -123,6 +124,11 @@ def plan_buckets(
     if mode == "packed":
         if isinstance(lengths, LengthHistogram):
             raise ConfigError("packed mode packs the samples themselves: give the lengths, not a histogram")
+        if not isinstance(cost_model, CostModel):
+            raise ConfigError(
+                f"packed mode needs a CostModel (its FLOPs depend on the attention kernel), but got "
+                f"cost_model={type(cost_model).__name__}"
+            )
         return plan_packing(
             lengths,
             cost_model,
@@ -224,7 +230,7 @@ def _describe(
     batch_sizes: np.ndarray,
     hist: LengthHistogram,
     raw: np.ndarray | None,
-    cost: Any,
+    cost: SupportsCost,
     budget: int,
     oversize: dict[str, int],
     meta: dict[str, Any] | None,
@@ -266,7 +272,7 @@ def _describe(
 
 
 def _simulate_dynamic(
-    lengths: np.ndarray, bounds: np.ndarray, cost: Any, budget: int, pool_batches: int, seed: int
+    lengths: np.ndarray, bounds: np.ndarray, cost: SupportsCost, budget: int, pool_batches: int, seed: int
 ) -> list[tuple[int, int, float]]:
     """Per bucket ``(batches, padded tokens, seconds)`` of dynamic batching (see the module
     docstring): shuffled pools, sorted, cut greedily while the batch at its longest fits."""
@@ -284,7 +290,10 @@ def _simulate_dynamic(
 
 
 def check_plan(
-    plan_or_bounds: BucketPlan | Sequence[int], batch_sizes: Sequence[int] | None, cost_model: Any, budget_bytes: int
+    plan_or_bounds: BucketPlan | Sequence[int],
+    batch_sizes: Sequence[int] | None,
+    cost_model: SupportsCost,
+    budget_bytes: int,
 ) -> None:
     """Check a hand-made plan (bounds and batch sizes) against the cost model.
 
@@ -318,7 +327,7 @@ def plan_from_bounds(
     bounds: Sequence[int],
     batch_sizes: Sequence[int],
     lengths: Sequence[int] | np.ndarray | LengthHistogram,
-    cost_model: Any,
+    cost_model: SupportsCost,
     budget_bytes: int,
     *,
     mode: Mode = "static",

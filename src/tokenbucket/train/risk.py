@@ -26,6 +26,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from tokenbucket._exceptions import ConfigError, OOMRiskError, OOMRiskWarning
+from tokenbucket.train.batch import BatchInfo
 
 __all__ = ["RISK_POLICIES", "OOMRiskError", "OOMRiskWarning", "RiskSplitSampler", "check_risk_options", "static_split"]
 
@@ -178,7 +179,7 @@ class RiskSplitSampler(Sampler[list[int]]):
         self._loaded = {"sampler": dict(inner), "part": part}
 
 
-def risk_message(info: Any, risk_threshold: float) -> str:
+def risk_message(info: BatchInfo, risk_threshold: float) -> str:
     """The report of a risky batch: bucket, shape, predicted peak, keys, tokens by modality and camera."""
     keys = list(info.keys[:8]) + (["..."] if len(info.keys) > 8 else [])
     cams = f", by camera {info.cameras}" if info.cameras else ""
@@ -193,7 +194,7 @@ def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
-def apply_risk_policy(info: Any, risk_threshold: float, on_risk: str, *, can_split: bool) -> None:
+def apply_risk_policy(info: BatchInfo, risk_threshold: float, on_risk: str, *, can_split: bool) -> None:
     """Warn or raise for a batch above the threshold (the collate calls this)."""
     if info.risk <= risk_threshold:
         return
