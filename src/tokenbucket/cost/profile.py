@@ -443,10 +443,3 @@ def max_batch_measured(
     if hi > limit:
         return lo
     return largest_fitting(fits, lo, hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
