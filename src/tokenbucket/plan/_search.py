@@ -106,3 +106,21 @@ def longest_fitting(cost: SupportsCost, longest: int, budget: int) -> int:
     if cost.memory(1, longest).total <= budget:
         return longest
     return largest_fitting(lambda n: bool(cost.memory(1, n).total <= budget), 0, longest)
+
+
+def oversize_record(
+    cost: SupportsCost, count: int, largest: int, longest: int, budget: int, on_oversize: str, *, why: str, fix: str
+) -> dict[str, int]:
+    """The one oversize check: ``count`` samples (the largest of ``largest`` tokens) are longer than
+    ``longest``, the most that fits. With ``on_oversize="error"`` an OversizeError says how many,
+    what the largest needs against the budget (``why`` says what the limit is) and ``fix``;
+    else the record a plan keeps (``BucketPlan.oversize``).
+    """
+    need = int(cost.memory(1, largest).total)
+    if on_oversize == "error":
+        raise OversizeError(
+            f"{count:,} sample(s) {why}: the largest has {largest:,} tokens and needs {need / 2**30:,.2f} GiB "
+            f"against a budget of {budget / 2**30:,.2f} GiB (the longest that fits is {longest:,} tokens). {fix}; "
+            f"or pass on_oversize='reject' to plan without them"
+        )
+    return {"count": count, "largest": largest, "largest_bytes": need, "longest_fitting": int(longest)}

@@ -39,7 +39,14 @@ import numpy as np
 
 from tokenbucket._exceptions import ConfigError, OversizeError
 from tokenbucket.cost.memory import CostModel
-from tokenbucket.plan._search import SupportsCost, dynamic_batches, longest_fitting, max_batches_at, step_cost
+from tokenbucket.plan._search import (
+    SupportsCost,
+    dynamic_batches,
+    longest_fitting,
+    max_batches_at,
+    oversize_record,
+    step_cost,
+)
 from tokenbucket.plan.bucket_plan import PLAN_FORMAT, Bucket, BucketPlan, LengthHistogram, Mode
 from tokenbucket.plan.packing import plan_packing
 
@@ -157,18 +164,17 @@ def plan_buckets(
     over = hist.values > top_fit
     oversize: dict[str, int] = {}
     if over.any():
-        count = int(hist.counts[over].sum())
-        largest = int(hist.values[-1])
-        need = int(cost_model.memory(1, largest).total)
-        if on_oversize == "error":
-            raise OversizeError(
-                f"{count:,} sample(s) do not fit the budget even alone: the largest has {largest:,} tokens and "
-                f"needs {need / 2**30:,.2f} GiB against a budget of {budget_bytes / 2**30:,.2f} GiB (the longest "
-                f"that fits is {top_fit:,} tokens). Fewer frames or cameras, a lower resolution or a larger "
-                f"patch/merge, activation checkpointing, flash attention, or a bigger GPU would make them fit; "
-                f"or pass on_oversize='reject' to plan without them"
-            )
-        oversize = {"count": count, "largest": largest, "largest_bytes": need, "longest_fitting": int(top_fit)}
+        oversize = oversize_record(
+            cost_model,
+            int(hist.counts[over].sum()),
+            int(hist.values[-1]),
+            top_fit,
+            budget_bytes,
+            on_oversize,
+            why="do not fit the budget even alone",
+            fix="Fewer frames or cameras, a lower resolution or a larger patch/merge, activation checkpointing, "
+            "flash attention, or a bigger GPU would make them fit",
+        )
         hist = LengthHistogram(hist.values[~over], hist.counts[~over])
         if raw is not None:
             raw = raw[raw <= top_fit]

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from tokenbucket._exceptions import ConfigError, OversizeError
+from tokenbucket._exceptions import ConfigError
 from tokenbucket._search import grow_then_bisect, largest_fitting
 from tokenbucket.cost.memory import CostModel
-from tokenbucket.plan._search import SupportsCost, step_cost
+from tokenbucket.plan._search import SupportsCost, oversize_record, step_cost
 from tokenbucket.plan.bucket_plan import Bucket, BucketPlan
 
 __all__ = ["pack_rows", "packed_epoch_seconds", "plan_packing", "samples_attention_flops"]
@@ -157,16 +157,16 @@ def plan_packing(
     over = raw > top
     oversize: dict[str, int] = {}
     if over.any():
-        largest = int(raw.max())
-        need = int(cost_model.memory(1, largest).total)
-        if on_oversize == "error":
-            raise OversizeError(
-                f"{int(over.sum()):,} sample(s) are longer than the longest row ({top:,} tokens): the "
-                f"largest has {largest:,} tokens ({need / 2**30:,.2f} GiB alone, budget "
-                f"{budget_bytes / 2**30:,.2f} GiB); samples are never split: pass "
-                f"on_oversize='reject' to plan without them"
-            )
-        oversize = {"count": int(over.sum()), "largest": largest, "largest_bytes": need, "longest_fitting": top}
+        oversize = oversize_record(
+            cost_model,
+            int(over.sum()),
+            int(raw.max()),
+            top,
+            budget_bytes,
+            on_oversize,
+            why="are longer than the longest row",
+            fix="Samples are never split",
+        )
         raw = raw[~over]
         if not len(raw):  # nothing fits: an empty plan that says why, as the other modes give
             return BucketPlan("packed", budget_bytes, (), oversize, dict(meta or {}))
