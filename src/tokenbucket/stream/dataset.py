@@ -15,6 +15,7 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.stream.bucketer import StreamBatch, StreamBucketer, StreamOptions
 from tokenbucket.tokens.spec import TokenSpec
+from tokenbucket.train.batch import pad_rows
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -56,15 +57,10 @@ class StreamCollate:
             seqs.append(t)
         if seqs:
             self.feature_shape, self.dtype = tuple(seqs[0].shape[1:]), seqs[0].dtype
-        tokens = torch.full(
-            (batch.rows, batch.length, *self.feature_shape), self.pad_value, dtype=self.dtype or torch.float32
+        template = torch.empty((0, *self.feature_shape), dtype=self.dtype or torch.float32)
+        tokens, attention, row_mask, _ = pad_rows(  # one padding routine for every collate
+            seqs, range(len(seqs)), batch.rows, batch.length, template, self.pad_value
         )
-        attention = torch.zeros(batch.rows, batch.length, dtype=torch.bool)
-        row_mask = torch.zeros(batch.rows, dtype=torch.bool)
-        for r, t in enumerate(seqs):
-            tokens[r, : t.shape[0]] = t
-            attention[r, : t.shape[0]] = True
-            row_mask[r] = True
         return {
             "tokens": tokens,
             "attention_mask": attention,
