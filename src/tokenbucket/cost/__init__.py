@@ -1,1 +1,9 @@
-"""cost stage."""
+"""cost stage: what a batch shape costs in bytes and FLOPs on a target GPU.
+
+model.py       ModelSpec and its presets
+memory.py      CostModel: itemised memory, FLOPs, step time, the largest batch that fits
+gpus.py        the GPU registry and memory budgets
+ledger.py      one sample's tokens as bytes and FLOPs, with what-ifs
+profile.py     measured mode: peaks on fake tensors (or CUDA), saved profiles, MeasuredCostModel
+reference.py   the reference transformer block the cost model describes
+"""

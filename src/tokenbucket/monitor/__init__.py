@@ -1,1 +1,7 @@
-"""monitor stage."""
+"""monitor stage: per-bucket latency, memory and OOM risk while training, and the report after.
+
+hooks.py       BucketMonitor: step records, drift, the OOM guard
+stats.py       per-bucket aggregates (RunStats), summarize_events, format_summary
+sinks.py       JSONL, logging and TensorBoard sinks
+report.py      a run log read back: table, plots, one HTML page
+"""

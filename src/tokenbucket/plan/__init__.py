@@ -1,1 +1,8 @@
-"""plan stage."""
+"""plan stage: bucket bounds and batch sizes that fit the budget, and the manifest that carries them.
+
+bucket_plan.py LengthHistogram, Bucket, BucketPlan: the plan as a serialisable value
+buckets.py     plan_buckets (static / dynamic / packed), check_plan, plan_from_bounds
+packing.py     pack_rows and plan_packing (mode="packed")
+_search.py     what the planner asks a cost model (SupportsCost), batches under a budget, the oversize check
+manifest.py    build_manifest / load_manifest: one Parquet row per sample plus the plan
+"""
