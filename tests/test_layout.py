@@ -22,6 +22,7 @@ STAGES = ("_base", "tokens", "cost", "plan", "train", "stream", "monitor", "cli"
 BASE_MODULES = ("_exceptions", "_values", "_search", "_config", "testing")
 MAX_DEFERRED = 5
 MAX_LINES = 700
+MAX_ANY_PARAMETERS = 10
 
 
 @dataclass(frozen=True)
@@ -230,3 +231,36 @@ def test_layout_every_note_is_cited_where_its_rule_applies() -> None:
 def test_layout_note_checker_counts_a_lone_note(tmp_path: Path) -> None:
     root = _tree(tmp_path, {"tokens/a.py": "# NOTE [ Lone ]\n# NOTE [ Cited ]\nx = 1  # NOTE [ Cited ]\n"})
     assert note_citations(root) == {"Lone": 1, "Cited": 2}
+
+
+def any_parameters(root: Path) -> list[str]:
+    """``module:line function(parameter)`` for every parameter annotated exactly ``Any``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            a = fn.args
+            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, *(x for x in (a.vararg, a.kwarg) if x)]:
+                if arg.annotation is not None and ast.unparse(arg.annotation) in ("Any", "typing.Any"):
+                    found.append(f"{module_name(path, root)}:{arg.lineno} {fn.name}({arg.arg})")
+    return found
+
+
+def test_layout_few_parameters_are_typed_any() -> None:
+    found = any_parameters(PACKAGE)
+    assert len(found) <= MAX_ANY_PARAMETERS, found
+
+
+def test_layout_any_checker_counts_every_kind_of_parameter(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "tokens/a.py": (
+                "from typing import Any\n"
+                "def f(a: Any, /, b: Any, *c: Any, d: 'list[Any]', e: Any = 1, **g: Any) -> Any: ...\n"
+                "class K:\n    def m(self, x: object) -> None: ...\n"
+            )
+        },
+    )
+    assert [x.split()[1] for x in any_parameters(root)] == ["f(a)", "f(b)", "f(e)", "f(c)", "f(g)"]

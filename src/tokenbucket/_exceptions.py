@@ -24,8 +24,6 @@ Warnings: :class:`OOMRiskWarning` (a risky batch, a batch size lowered after an 
 
 from __future__ import annotations
 
-from typing import Any
-
 __all__ = [
     "ConfigError",
     "DuplicateKeyError",
@@ -94,7 +92,7 @@ class MetadataError(TokenbucketError, ValueError):
         column: str,
         row: int | None = None,
         key: str | None = None,
-        value: Any = None,
+        value: object = None,
     ) -> None:
         self.reason = reason
         self.column = column

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,7 @@ _INT_RE = re.compile(r"^[ \t\r\n]*[+-]?[0-9]+[ \t\r\n]*$")
 _SHORT_INT_RE = r"^[ \t\r\n]*-?[0-9]{1,18}[ \t\r\n]*$"
 
 
-def check_scalar(value: Any, minimum: int, maximum: int) -> tuple[int, str | None]:
+def check_scalar(value: object, minimum: int, maximum: int) -> tuple[int, str | None]:
     """Validate one value; return ``(int_value, None)`` or ``(0, reason)``."""
     if type(value) is int:  # the common case, without the ABC checks below
         if minimum <= value <= maximum:
@@ -82,7 +83,9 @@ class Problems:
     def __init__(self) -> None:
         self.entries: list[tuple[np.ndarray, np.ndarray, str, Any, Any]] = []
 
-    def add(self, rows: np.ndarray, priority: int | np.ndarray, reason: str, column: Any, values: Any) -> None:
+    def add(
+        self, rows: np.ndarray, priority: int | np.ndarray, reason: str, column: str | Sequence[str], values: object
+    ) -> None:
         if len(rows) == 0:
             return
         prio = np.broadcast_to(np.asarray(priority, dtype=np.int64), rows.shape)
@@ -133,7 +136,7 @@ def check_array(
     maximum: int,
     problems: Problems,
     priority: int | np.ndarray,
-    column: Any,
+    column: str | Sequence[str],
     rows: np.ndarray | None = None,
 ) -> np.ndarray:
     """Validate an Arrow column of counts; return int64 values (bad entries set to ``minimum``).

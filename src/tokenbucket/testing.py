@@ -6,7 +6,7 @@ so a planner that only looks at the median gets it wrong.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -74,7 +74,7 @@ class RandomTokens(Dataset[dict[str, torch.Tensor]]):
     """A map-style dataset whose sample ``i`` is ``{"tokens": [L_i, features]}`` of N(0, 1) values
     seeded by ``i``, ``L_i = lengths[i]``: real sequences of the lengths the metadata gives."""
 
-    def __init__(self, lengths: Any, features: int) -> None:
+    def __init__(self, lengths: Sequence[int] | np.ndarray, features: int) -> None:
         self.lengths, self.features = lengths, features
 
     def __len__(self) -> int:

@@ -38,7 +38,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _positive(name: str, value: Any, minimum: int = 1) -> None:
+def _positive(name: str, value: object, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ConfigError(f"{name} should be {kind}, but got {name}={value!r}")

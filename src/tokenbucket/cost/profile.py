@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import torch
@@ -34,6 +34,9 @@ from torch.utils._pytree import tree_flatten
 from tokenbucket._exceptions import ConfigError
 from tokenbucket._search import largest_fitting
 from tokenbucket.cost.memory import MemoryEstimate, _check_shape
+
+if TYPE_CHECKING:  # typing_extensions comes with torch; Unpack is in typing from 3.11
+    from typing_extensions import Unpack
 
 __all__ = [
     "MeasuredCostModel",
@@ -89,7 +92,13 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if self.live > self.peaks.get(self.phase, 0):
             self.peaks[self.phase] = self.live
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: Sequence[type],
+        args: tuple[object, ...] = (),
+        kwargs: dict[str, object] | None = None,
+    ) -> object:
         out = func(*args, **(kwargs or {}))
         for item in tree_flatten(out)[0]:
             if isinstance(item, torch.Tensor):
@@ -120,10 +129,21 @@ ModelFactory = Callable[[], torch.nn.Module]
 BatchFactory = Callable[[int, int], Any]
 
 
-def _default_loss(out: Any) -> torch.Tensor:
+class StepOptions(TypedDict, total=False):
+    """What :func:`profile_memory` runs at each point (see its arguments)."""
+
+    train: bool
+    optimizer: str
+    steps: int
+    loss_fn: Callable[[Any], torch.Tensor]
+
+
+def _default_loss(out: object) -> torch.Tensor:
     tensor = out[0] if isinstance(out, (tuple, list)) else out
     if isinstance(tensor, dict):
         tensor = tensor.get("loss", next(iter(tensor.values())))
+    if not isinstance(tensor, torch.Tensor):
+        raise ConfigError(f"the model returned {type(tensor).__name__}, not a tensor; pass loss_fn= to reduce it")
     loss: torch.Tensor = tensor.float().mean() if tensor.dim() else tensor.float()
     return loss
 
@@ -247,7 +267,11 @@ def _profile_cuda(
     make_batch: BatchFactory,
     batch: int,
     length: int,
-    **kwargs: Any,
+    *,
+    train: bool,
+    optimizer: str,
+    steps: int,
+    loss_fn: Callable[[Any], torch.Tensor],
 ) -> MemoryProfile:
     peaks: dict[str, int] = {}
     phase = ["setup"]
@@ -262,7 +286,17 @@ def _profile_cuda(
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     with torch.device("cuda"):
-        _run_steps(model_factory, make_batch, batch, length, mark=mark, **kwargs)
+        _run_steps(
+            model_factory,
+            make_batch,
+            batch,
+            length,
+            train=train,
+            optimizer=optimizer,
+            steps=steps,
+            loss_fn=loss_fn,
+            mark=mark,
+        )
     mark("idle")
     peaks = {k: v - base for k, v in peaks.items() if k != "idle"}
     return MemoryProfile(batch, length, max(peaks.values()), peaks, torch.cuda.get_device_name())
@@ -330,7 +364,7 @@ def profile_points(
     target: str = "fake-cpu",
     dtype: str = "bf16",
     device: str = "fake",
-    **kwargs: Any,
+    **kwargs: Unpack[StepOptions],
 ) -> Profile:
     """Measure :func:`profile_memory` at each ``(batch, length)`` and bundle a :class:`Profile`."""
     if device == "cuda":
@@ -415,7 +449,7 @@ def max_batch_measured(
     budget_bytes: int | None = None,
     device: str = "cuda",
     limit: int = 1 << 16,
-    **kwargs: Any,
+    **kwargs: Unpack[StepOptions],
 ) -> int:
     """The largest batch that runs at ``length``: doubling, then bisection.
 

@@ -39,18 +39,21 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
 from tokenbucket._exceptions import ConfigError, OOMRiskWarning, PlanDriftWarning
 from tokenbucket.monitor.sinks import JsonlSink
 from tokenbucket.monitor.stats import RunStats
+from tokenbucket.plan._search import PredictsMemory
+from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.train.batch import BatchInfo
 from tokenbucket.train.risk import check_risk_options
 
 __all__ = [
     "BucketMonitor",
+    "CameraTokens",
     "CudaMemory",
     "MemoryReader",
     "is_oom",
@@ -94,7 +97,9 @@ def is_oom(exc: BaseException) -> bool:
 # -- splitting a batch -------------------------------------------------------------------------
 
 
-def split_batch(batch: Mapping[str, Any], parts: int, *, cost_model: Any = None) -> list[dict[str, Any]]:
+def split_batch(
+    batch: Mapping[str, Any], parts: int, *, cost_model: PredictsMemory | None = None
+) -> list[dict[str, Any]]:
     """Cut a :class:`~tokenbucket.train.collate.BucketCollate` (or ``StreamCollate``) batch into ``parts`` batches of its real rows.
 
     Empty rows are left out. Tensors whose first dimension is the batch's rows are sliced, and
@@ -138,7 +143,13 @@ def read_replay(path: str | Path) -> list[dict[str, Any]]:
 # -- the monitor -------------------------------------------------------------------------------
 
 
-def _on_cuda(batch: Any) -> bool:
+class CameraTokens(Protocol):
+    """What the monitor asks the data for an OOM event (:class:`~tokenbucket.train.collate.TokenBucketDataset` answers it)."""
+
+    def camera_tokens(self, indices: Sequence[int]) -> dict[str, int] | None: ...
+
+
+def _on_cuda(batch: object) -> bool:
     if isinstance(batch, torch.Tensor):
         return batch.is_cuda
     if isinstance(batch, Mapping):
@@ -169,14 +180,14 @@ class BucketMonitor:
 
     def __init__(
         self,
-        plan: Any,
+        plan: BucketPlan,
         *,
         sinks: Sequence[Any] | None = None,
         risk_threshold: float = 1.0,
         drift_margin: float = 0.1,
-        memory: Any = "auto",
-        cost_model: Any = None,
-        data: Any = None,
+        memory: MemoryReader | Literal["auto"] | None = "auto",
+        cost_model: PredictsMemory | None = None,
+        data: CameraTokens | None = None,
         replay_path: str | Path | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -253,7 +264,7 @@ class BucketMonitor:
 
     # -- hooks around a step -----------------------------------------------------------------------
 
-    def on_batch_start(self, info: BatchInfo, batch: Any = None) -> None:
+    def on_batch_start(self, info: BatchInfo, batch: object = None) -> None:
         """Call before the step with the batch's :class:`~tokenbucket.train.collate.BatchInfo` (and the batch,
         so a batch on a GPU is timed with CUDA events)."""
         if info.risk > self.risk_threshold:
@@ -328,7 +339,7 @@ class BucketMonitor:
         if measured is not None:
             self._check_drift(info.bucket, measured / info.predicted_peak_bytes, step)
 
-    def step(self, info: BatchInfo, batch: Any = None) -> _StepScope:
+    def step(self, info: BatchInfo, batch: object = None) -> _StepScope:
         """``with monitor.step(batch["info"], batch): ...`` — times and records the step; an OOM
         inside is recorded (policy ``raise``) and re-raised."""
         return _StepScope(self, info, batch)
@@ -423,7 +434,7 @@ class BucketMonitor:
             )
         split = split_fn or (lambda batch, parts: split_batch(batch, parts, cost_model=self.cost_model))
 
-        def run(batch: Any, info: BatchInfo) -> Any:
+        def run(batch: Mapping[str, Any], info: BatchInfo) -> object:
             n = len(info.keys)
             limit = self.limits.get(info.bucket)
             if limit is not None and n > limit:
@@ -444,7 +455,7 @@ class BucketMonitor:
                 return None
             return _Parts(r for part in split(batch, 2) for r in _flat(run(part, part["info"])))
 
-        def guarded(batch: Any) -> Any:
+        def guarded(batch: Mapping[str, Any]) -> Any:
             info = batch["info"]
             if self._info is not None:  # already inside monitor.step()
                 result = run(batch, info)
@@ -559,7 +570,7 @@ class _StepScope:
 
     __slots__ = ("batch", "info", "monitor")
 
-    def __init__(self, monitor: BucketMonitor, info: BatchInfo, batch: Any) -> None:
+    def __init__(self, monitor: BucketMonitor, info: BatchInfo, batch: object) -> None:
         self.monitor, self.info, self.batch = monitor, info, batch
 
     def __enter__(self) -> None:
@@ -582,7 +593,7 @@ class _Parts(list[Any]):
     """The results of a batch run in parts (told apart from a step function that returns a list)."""
 
 
-def _flat(result: Any) -> list[Any]:
+def _flat(result: object) -> list[object]:
     return list(result) if isinstance(result, _Parts) else [result]
 
 

@@ -134,7 +134,7 @@ def _by_bucket(steps: list[dict[str, Any]], key: str) -> dict[Any, list[float]]:
     return dict(sorted(out.items()))
 
 
-def _series(steps: list[dict[str, Any]], bucket: Any, x: str, y: str) -> tuple[list[float], list[float]]:
+def _series(steps: list[dict[str, Any]], bucket: object, x: str, y: str) -> tuple[list[float], list[float]]:
     """One bucket's ``(x, y)`` points, skipping steps without a ``y``."""
     pts = [s for s in steps if s["bucket"] == bucket and s.get(y) is not None]
     return [float(s[x]) for s in pts], [float(s[y]) for s in pts]
@@ -212,7 +212,7 @@ def _heading(key: str) -> str:
     return key.replace("_", " ")
 
 
-def _cell(head: str, value: Any) -> str:
+def _cell(head: str, value: object) -> str:
     if value is None:
         return "–"
     if isinstance(value, bool) or not isinstance(value, (int, float)):

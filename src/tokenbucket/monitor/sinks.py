@@ -15,11 +15,11 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tokenbucket._exceptions import ConfigError
 
-__all__ = ["JsonlSink", "LoggingSink", "TensorBoardSink"]
+__all__ = ["JsonlSink", "LoggingSink", "ScalarWriter", "TensorBoardSink"]
 
 # one encoder for every event: json.dumps(..., separators=...) would build a new one per call
 _ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
@@ -116,6 +116,12 @@ class LoggingSink:
             self.logger.log(level, "%s %s", kind, fields)
 
 
+class ScalarWriter(Protocol):
+    """What :class:`TensorBoardSink` writes to (a ``SummaryWriter`` answers it)."""
+
+    def add_scalar(self, tag: str, value: float, step: int, /) -> object: ...
+
+
 class TensorBoardSink:
     """Scalars per bucket under ``tokenbucket/bucket{k}/...``: latency_ms, tokens_per_s, risk,
     predicted_gib, measured_gib (on GPU), and the running oom count.
@@ -125,14 +131,14 @@ class TensorBoardSink:
         writer: an existing writer (anything with ``add_scalar``) instead.
     """
 
-    def __init__(self, log_dir: str | os.PathLike[str] | None = None, *, writer: Any = None) -> None:
+    def __init__(self, log_dir: str | os.PathLike[str] | None = None, *, writer: ScalarWriter | None = None) -> None:
         if writer is None:
             try:
                 from torch.utils.tensorboard import SummaryWriter  # optional: the `tb` extra
             except ImportError as exc:
                 raise ConfigError("TensorBoardSink needs tensorboard: pip install 'tokenbucket[tb]'") from exc
             writer = SummaryWriter(log_dir=None if log_dir is None else str(log_dir))
-        self.writer = writer
+        self.writer: ScalarWriter = writer
         self._ooms: dict[int, int] = {}
 
     def __call__(self, event: Mapping[str, Any]) -> None:

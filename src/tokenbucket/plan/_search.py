@@ -11,7 +11,7 @@ from tokenbucket._exceptions import OversizeError
 from tokenbucket._search import largest_fitting
 
 
-def max_batches_at(cost: SupportsCost, bounds: np.ndarray, budget: int) -> np.ndarray:
+def max_batches_at(cost: PredictsMemory, bounds: np.ndarray, budget: int) -> np.ndarray:
     """Largest batch at each (ascending) bound. Memory grows with length, so the largest batch
     shrinks: start each search from the previous answer (one or two checks per bound)."""
     out = np.zeros(len(bounds), dtype=np.int64)
@@ -29,7 +29,7 @@ def max_batches_at(cost: SupportsCost, bounds: np.ndarray, budget: int) -> np.nd
     return out
 
 
-def max_batch_table(cost: SupportsCost, lengths: np.ndarray, budget: int) -> np.ndarray:
+def max_batch_table(cost: PredictsMemory, lengths: np.ndarray, budget: int) -> np.ndarray:
     """The largest batch at each length, via :func:`max_batches_at` over the distinct ones."""
     values, inverse = np.unique(lengths, return_inverse=True)
     return max_batches_at(cost, values, budget)[inverse]
@@ -44,7 +44,7 @@ class OversizeSampleError(OversizeError):
 
 
 def dynamic_batches(
-    lengths: np.ndarray, cost: SupportsCost, budget: int, *, pool_batches: int, rng: np.random.Generator
+    lengths: np.ndarray, cost: PredictsMemory, budget: int, *, pool_batches: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
     """Indices into ``lengths`` cut into batches padded to their own longest sample.
 
@@ -82,12 +82,24 @@ def dynamic_batches(
 # -- what the planner asks a cost model ---------------------------------------------------
 
 
-class SupportsCost(Protocol):
-    """What the planner asks a cost model (``CostModel`` and a measured profile answer it)."""
+class MemoryTotal(Protocol):
+    """A predicted peak: ``total`` bytes (``CostModel.memory`` returns a ``MemoryEstimate``)."""
 
-    def memory(self, batch: int, length: int) -> Any: ...
+    @property
+    def total(self) -> float: ...
+
+
+class PredictsMemory(Protocol):
+    """What batching, risk checks and the monitor ask a cost model: a peak and the largest batch
+    under a budget (``CostModel`` and ``MeasuredCostModel`` answer it)."""
+
+    def memory(self, batch: int, length: int) -> MemoryTotal: ...
 
     def max_batch(self, length: int, budget_bytes: int) -> int: ...
+
+
+class SupportsCost(PredictsMemory, Protocol):
+    """What the planner asks a cost model: memory, and the step time it ranks plans by."""
 
     def flops(self, batch: int, length: int) -> Any: ...
 
@@ -101,7 +113,7 @@ def step_cost(cost: SupportsCost, batch: int, length: int) -> float:
     return float(cost.flops(batch, length).training) / 1e15
 
 
-def longest_fitting(cost: SupportsCost, longest: int, budget: int) -> int:
+def longest_fitting(cost: PredictsMemory, longest: int, budget: int) -> int:
     """The longest length up to ``longest`` whose one-sample batch fits ``budget`` (0 if none)."""
     if cost.memory(1, longest).total <= budget:
         return longest
@@ -109,7 +121,7 @@ def longest_fitting(cost: SupportsCost, longest: int, budget: int) -> int:
 
 
 def oversize_record(
-    cost: SupportsCost, count: int, largest: int, longest: int, budget: int, on_oversize: str, *, why: str, fix: str
+    cost: PredictsMemory, count: int, largest: int, longest: int, budget: int, on_oversize: str, *, why: str, fix: str
 ) -> dict[str, int]:
     """The one oversize check: ``count`` samples (the largest of ``largest`` tokens) are longer than
     ``longest``, the most that fits. With ``on_oversize="error"`` an OversizeError says how many,

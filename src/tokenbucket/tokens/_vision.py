@@ -7,8 +7,8 @@ runs both paths; the shared reasons and check order live here so both report ali
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import overload
 
 import numpy as np
 import pyarrow as pa
@@ -217,7 +217,7 @@ def _report_small(
     small_h: np.ndarray | None,
     small_w: np.ndarray | None,
     live: np.ndarray,
-    labels: Any,
+    labels: Callable[[int, str], str] | None,
     h: np.ndarray,
     w: np.ndarray,
     pos: np.ndarray,
@@ -247,7 +247,7 @@ def _element_tokens(
     w: np.ndarray,
     problems: V.Problems,
     parent: np.ndarray,
-    labels: Any,
+    labels: Callable[[int, str], str] | None,
 ) -> np.ndarray:
     """Tokens of each camera element, each with the spec its name (or position) selects.
 
@@ -404,5 +404,13 @@ class _LazyLabels(Sequence[str]):
     def __len__(self) -> int:
         return len(self.pos)
 
-    def __getitem__(self, k: Any) -> Any:
+    @overload
+    def __getitem__(self, k: int) -> str: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[str]: ...
+
+    def __getitem__(self, k: int | slice) -> str | list[str]:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
         return f"{self.cameras}[{int(self.pos[k])}].{self.fld}"

@@ -118,11 +118,11 @@ class _Row:
     def __init__(self, index: int | None, key: str | None) -> None:
         self.index, self.key = index, key
 
-    def fail(self, reason: str, column: str, value: Any) -> MetadataError:
+    def fail(self, reason: str, column: str, value: object) -> MetadataError:
         cls = _ERROR_CLASS.get(reason, InvalidValueError)
         return cls(reason, column=column, row=self.index, key=self.key, value=value)
 
-    def int(self, value: Any, column: str, minimum: int, maximum: int) -> int:
+    def int(self, value: object, column: str, minimum: int, maximum: int) -> int:
         number, reason = V.check_scalar(value, minimum, maximum)
         if reason is not None:
             raise self.fail(reason, column, value)

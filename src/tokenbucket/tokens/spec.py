@@ -31,7 +31,7 @@ Resize = Literal["pad", "crop", "fixed", "max_pixels"]
 RESIZE_POLICIES: tuple[str, ...] = ("pad", "crop", "fixed", "max_pixels")
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
+def _check_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ConfigError(f"{name} should be {kind}, but got {name}={value!r}")

@@ -11,15 +11,18 @@ tokens), then text, proprio, action, memory and the extras in spec order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 
+from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.tokens.breakdown import TokenBreakdown
 from tokenbucket.tokens.spec import MODALITIES, TokenSpec
 
-__all__ = ["BatchInfo", "EmptyRow", "Segment", "pad_rows", "token_layout"]
+__all__ = ["BatchInfo", "BucketedData", "EmptyRow", "Segment", "pad_rows", "token_layout"]
 
 
 @dataclass(frozen=True)
@@ -158,3 +161,28 @@ def pad_rows(
         row_mask[r] = True
         index[r] = i
     return tokens, attention, row_mask, index
+
+
+class BucketedData(Protocol):
+    """What the samplers and collates read from a bucketed dataset
+    (:class:`~tokenbucket.train.collate.TokenBucketDataset` is the one that answers it)."""
+
+    spec: TokenSpec
+    plan: BucketPlan
+    plan_id: str
+    lengths: np.ndarray
+    buckets: np.ndarray
+
+    def __len__(self) -> int: ...
+
+    def key(self, index: int) -> str: ...
+
+    def breakdown(self, index: int) -> TokenBreakdown: ...
+
+    def tokens_of(self, index: int, item: Mapping[str, Any], tokens_key: str) -> torch.Tensor: ...
+
+    def token_template(self, tokens_key: str) -> torch.Tensor: ...
+
+    def batch_info(
+        self, indices: Sequence[int], *, bucket: int, shape: tuple[int, int], predicted_peak_bytes: int
+    ) -> BatchInfo: ...

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
 
 import numpy as np
 import pyarrow as pa
@@ -17,15 +17,36 @@ import torch
 from torch.utils.data import Dataset
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.plan._search import PredictsMemory
+from tokenbucket.plan.bucket_plan import BucketPlan
+from tokenbucket.plan.manifest import Manifest
 from tokenbucket.tokens.breakdown import TokenBreakdown, breakdown_sample, breakdown_table
 from tokenbucket.tokens.metadata import table_from_rows
 from tokenbucket.tokens.spec import MODALITY_COLUMNS, TokenSpec
 from tokenbucket.train.batch import BatchInfo, EmptyRow, pad_rows, token_layout
-from tokenbucket.train.packing import PackedBatchSampler
+from tokenbucket.train.packing import PackedBatchSampler, PackedOptions
 from tokenbucket.train.risk import apply_risk_policy, check_risk_options, static_split
-from tokenbucket.train.sampler import BucketBatchSampler, plan_id_of
+from tokenbucket.train.sampler import BucketBatchSampler, SamplerOptions, plan_id_of
 
-__all__ = ["BucketCollate", "TokenBucketDataset"]
+if TYPE_CHECKING:  # typing_extensions comes with torch; Unpack is in typing from 3.11
+    from typing_extensions import Unpack
+
+__all__ = ["BucketCollate", "MapDataset", "Metadata", "TokenBucketDataset"]
+
+
+class MapDataset(Protocol):
+    """A map-style dataset: a length and an item per index (a torch ``Dataset``, a list, a
+    Hugging Face ``datasets.Dataset``)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> Any: ...
+
+
+Metadata: TypeAlias = pa.Table | Mapping[str, Any] | str | Callable[[int], Mapping[str, Any]]
+"""What ``TokenBucketDataset(metadata=...)`` takes (see its arguments)."""
+
+_PACKED_OPTIONS = frozenset(PackedOptions.__annotations__)
 
 
 class TokenBucketDataset(Dataset[Any]):
@@ -47,12 +68,12 @@ class TokenBucketDataset(Dataset[Any]):
 
     def __init__(
         self,
-        dataset: Any,
+        dataset: MapDataset,
         *,
         spec: TokenSpec,
-        metadata: pa.Table | Mapping[str, Any] | str | Callable[[int], Mapping[str, Any]] | None = None,
-        plan: Any = None,
-        manifest: Any = None,
+        metadata: Metadata | None = None,
+        plan: BucketPlan | None = None,
+        manifest: Manifest | None = None,
     ) -> None:
         self.dataset, self.spec = dataset, spec
         n = len(dataset)
@@ -115,7 +136,7 @@ class TokenBucketDataset(Dataset[Any]):
     def key(self, index: int) -> str:
         return str(self.breakdowns.column("key")[index].as_py())
 
-    def tokens_of(self, index: int, item: Any, tokens_key: str) -> torch.Tensor:
+    def tokens_of(self, index: int, item: Mapping[str, Any], tokens_key: str) -> torch.Tensor:
         """Sample ``index``'s token tensor, refused when its length is not its metadata's count
         (a sample whose data disagrees with its metadata is how "impossible" OOMs happen)."""
         t: torch.Tensor = item[tokens_key]
@@ -167,23 +188,27 @@ class TokenBucketDataset(Dataset[Any]):
             return None
         return out
 
-    def sampler(self, **kwargs: Any) -> Any:
+    def sampler(self, **kwargs: Unpack[SamplerOptions]) -> BucketBatchSampler | PackedBatchSampler:
         """A :class:`~tokenbucket.train.sampler.BucketBatchSampler` over this dataset's buckets (a
         :class:`~tokenbucket.train.packing.PackedBatchSampler` for a packed plan)."""
         if self.plan.mode == "packed":
-            return PackedBatchSampler.from_dataset(self, **kwargs)
+            if kwargs.keys() - _PACKED_OPTIONS:
+                raise ConfigError(
+                    f"a packed plan's sampler takes only {sorted(_PACKED_OPTIONS)}, but got {sorted(kwargs)}"
+                )
+            return PackedBatchSampler.from_dataset(self, **cast("PackedOptions", kwargs))
 
         return BucketBatchSampler(self.buckets, self.plan.batch_sizes.tolist(), plan_id=self.plan_id, **kwargs)
 
 
-def _metadata_table(dataset: Any, metadata: Any, n: int, spec: TokenSpec) -> pa.Table | None:
+def _metadata_table(dataset: MapDataset, metadata: Metadata, n: int, spec: TokenSpec) -> pa.Table | None:
     if isinstance(metadata, pa.Table):
         table = metadata
     elif isinstance(metadata, Mapping):
         table = pa.table(dict(metadata))
     elif isinstance(metadata, str):
         try:
-            column = dataset[metadata]
+            column = cast(Mapping[str, Any], dataset)[metadata]  # a dataset indexed by column name
         except (KeyError, TypeError, IndexError):
             raise ConfigError(f"the dataset has no column {metadata!r} to read metadata from") from None
         table = table_from_rows(list(column), spec.absent_as_zero())
@@ -221,7 +246,7 @@ class BucketCollate:
         *,
         tokens_key: str = "tokens",
         pad_value: float = 0,
-        cost_model: Any = None,
+        cost_model: PredictsMemory | None = None,
         with_layout: bool = False,
         risk_threshold: float = 1.0,
         on_risk: str = "warn",

@@ -27,18 +27,23 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import torch
 from torch.utils.data import Sampler
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.plan._search import PredictsMemory
+from tokenbucket.plan.manifest import Manifest
 from tokenbucket.plan.packing import pack_rows
-from tokenbucket.train.batch import EmptyRow, token_layout
+from tokenbucket.train.batch import BucketedData, EmptyRow, pad_rows, token_layout
 from tokenbucket.train.sampler import POSITION_KEYS, _dist_defaults, empty_row, resume_position, sampler_state
 
-__all__ = ["PackedBatchSampler", "PackedCollate", "block_diagonal_mask", "flex_block_mask"]
+if TYPE_CHECKING:  # typing_extensions comes with torch; Unpack is in typing from 3.11
+    from typing_extensions import Unpack
+
+__all__ = ["PackedBatchSampler", "PackedCollate", "PackedOptions", "block_diagonal_mask", "flex_block_mask"]
 
 
 def block_diagonal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
@@ -67,7 +72,7 @@ def flex_block_mask(segment_ids: torch.Tensor) -> Any:
         raise ConfigError("flex_block_mask needs torch.nn.attention.flex_attention (torch >= 2.5)") from exc
     seg = segment_ids
 
-    def same_sample(b: Any, h: Any, q: Any, kv: Any) -> Any:
+    def same_sample(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         return ((seg[b, q] == seg[b, kv]) & (seg[b, q] > 0)) | (q == kv)
 
     rows, length = seg.shape
@@ -94,13 +99,13 @@ class PackedCollate:
 
     def __init__(
         self,
-        data: Any,
+        data: BucketedData,
         pack_length: int,
         rows_per_batch: int | None = None,
         *,
         tokens_key: str = "tokens",
         pad_value: float = 0,
-        cost_model: Any = None,
+        cost_model: PredictsMemory | None = None,
         with_layout: bool = False,
     ) -> None:
         self.data, self.pack_length, self.rows_per_batch = data, int(pack_length), rows_per_batch
@@ -130,7 +135,9 @@ class PackedCollate:
                 f"and the collate's pack_length / rows_per_batch disagree"
             )
         template = samples[0][1] if samples else self.data.token_template(self.tokens_key)
-        tokens = torch.full((R, P, *template.shape[1:]), self.pad_value, dtype=template.dtype)
+        # a row is its samples end to end, padded like any collate's rows (train.batch.pad_rows)
+        joined = [torch.cat([t for _, t in row]) if len(row) > 1 else row[0][1] for row in rows]
+        tokens, attention, _, _ = pad_rows(joined, range(len(rows)), R, P, template, self.pad_value)
         segment = torch.zeros(R, P, dtype=torch.int32)
         position = torch.zeros(R, P, dtype=torch.long)
         seqlens: list[int] = []
@@ -140,7 +147,6 @@ class PackedCollate:
             index.append([i for i, _ in row])
             for s, (_, t) in enumerate(row, start=1):
                 n = int(t.shape[0])
-                tokens[r, pos : pos + n] = t
                 segment[r, pos : pos + n] = s
                 position[r, pos : pos + n] = torch.arange(n)
                 seqlens.append(n)
@@ -155,7 +161,7 @@ class PackedCollate:
             "tokens": tokens,
             "segment_ids": segment,
             "position_ids": position,
-            "attention_mask": segment > 0,
+            "attention_mask": attention,
             "cu_seqlens": cu,
             "max_seqlen": max(seqlens, default=0),
             "index": index,
@@ -183,6 +189,16 @@ class PackedCollate:
 
 
 # -- the sampler ---------------------------------------------------------------------------------
+
+
+class PackedOptions(TypedDict, total=False):
+    """The :class:`PackedBatchSampler` arguments its ``from_*`` constructors pass on."""
+
+    seed: int
+    shuffle: bool
+    rank: int | None
+    world_size: int | None
+    pool: int
 
 
 class PackedBatchSampler(Sampler[list[int]]):
@@ -227,7 +243,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         self._cache: tuple[int, list[list[int]]] | None = None
 
     @classmethod
-    def from_dataset(cls, data: Any, **kwargs: Any) -> PackedBatchSampler:
+    def from_dataset(cls, data: BucketedData, **kwargs: Unpack[PackedOptions]) -> PackedBatchSampler:
         """For a :class:`~tokenbucket.train.collate.TokenBucketDataset` with a packed plan."""
         b = data.plan.buckets[0]
         kwargs.setdefault("seed", data.plan.meta.get("pack_seed", 0))
@@ -235,7 +251,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         return cls(data.lengths, b.bound, b.batch_size, plan_id=data.plan_id, valid=data.buckets >= 0, **kwargs)
 
     @classmethod
-    def from_manifest(cls, manifest: Any, **kwargs: Any) -> PackedBatchSampler:
+    def from_manifest(cls, manifest: Manifest, **kwargs: Unpack[PackedOptions]) -> PackedBatchSampler:
         """A sampler over a packed :class:`~tokenbucket.plan.manifest.Manifest` (rows in dataset order)."""
         plan = manifest.plan
         if plan.mode != "packed":

@@ -26,7 +26,10 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from tokenbucket._exceptions import ConfigError, OOMRiskError, OOMRiskWarning
-from tokenbucket.train.batch import BatchInfo
+from tokenbucket.plan._search import PredictsMemory
+from tokenbucket.plan.bucket_plan import BucketPlan
+from tokenbucket.train.batch import BatchInfo, BucketedData
+from tokenbucket.train.sampler import BucketBatchSampler
 
 __all__ = ["RISK_POLICIES", "OOMRiskError", "OOMRiskWarning", "RiskSplitSampler", "check_risk_options", "static_split"]
 
@@ -43,7 +46,7 @@ def check_risk_options(risk_threshold: float, on_risk: str) -> None:
         raise ConfigError(f"on_risk should be one of {RISK_POLICIES}, but got on_risk={on_risk!r}")
 
 
-def static_split(plan: Any, cost_model: Any, bucket: int, risk_threshold: float) -> tuple[int, int]:
+def static_split(plan: BucketPlan, cost_model: PredictsMemory, bucket: int, risk_threshold: float) -> tuple[int, int]:
     """``(parts, rows)``: a static batch of ``bucket`` halved until ``rows`` rows are under the
     threshold (or one); ``parts`` is how many such parts the full batch takes.
 
@@ -65,7 +68,7 @@ def static_split(plan: Any, cost_model: Any, bucket: int, risk_threshold: float)
         parts *= 2
 
 
-def _halves(batch: list[int], lengths: np.ndarray, cost_model: Any, limit: float) -> list[list[int]]:
+def _halves(batch: list[int], lengths: np.ndarray, cost_model: PredictsMemory, limit: float) -> list[list[int]]:
     # dynamic batches come from length-sorted pools: contiguous halves keep their lengths alike
     longest = int(lengths[batch].max())
     if len(batch) == 1 or cost_model.memory(len(batch), longest).total <= limit:
@@ -90,7 +93,14 @@ class RiskSplitSampler(Sampler[list[int]]):
 
     STATE_KEYS = ("sampler", "part")
 
-    def __init__(self, sampler: Any, data: Any, cost_model: Any, *, risk_threshold: float = 1.0) -> None:
+    def __init__(
+        self,
+        sampler: BucketBatchSampler,
+        data: BucketedData,
+        cost_model: PredictsMemory,
+        *,
+        risk_threshold: float = 1.0,
+    ) -> None:
         check_risk_options(risk_threshold, "split")
         self.sampler, self.data, self.cost_model = sampler, data, cost_model
         self.risk_threshold = float(risk_threshold)

@@ -27,16 +27,28 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from tokenbucket._exceptions import ConfigError, StateError
-from tokenbucket.plan._search import OversizeSampleError, dynamic_batches
+from tokenbucket.plan._search import OversizeSampleError, PredictsMemory, dynamic_batches
+from tokenbucket.plan.manifest import Manifest
 
-__all__ = ["BucketBatchSampler", "Epoch", "empty_row", "epoch_steps", "members_by_bucket"]
+if TYPE_CHECKING:  # typing_extensions comes with torch; Unpack is in typing from 3.11
+    from typing_extensions import Unpack
+
+__all__ = [
+    "BucketBatchSampler",
+    "DynamicFill",
+    "Epoch",
+    "SamplerOptions",
+    "empty_row",
+    "epoch_steps",
+    "members_by_bucket",
+]
 
 
 # NOTE [ Sampler state keys ]
@@ -62,6 +74,28 @@ def members_by_bucket(buckets: np.ndarray, num_buckets: int) -> list[np.ndarray]
     """Each bucket's sample indices in index order (int32 where they fit: half the memory)."""
     dtype = np.int32 if len(buckets) < 2**31 else np.int64
     return [np.flatnonzero(buckets == k).astype(dtype) for k in range(num_buckets)]
+
+
+class DynamicFill(NamedTuple):
+    """How a dynamic-mode sampler fills its batches (a plain 4-tuple in this order works too)."""
+
+    lengths: np.ndarray
+    cost_model: PredictsMemory
+    budget_bytes: int
+    pool_batches: int
+
+
+class SamplerOptions(TypedDict, total=False):
+    """The :class:`BucketBatchSampler` arguments that :meth:`~BucketBatchSampler.from_manifest` and
+    ``TokenBucketDataset.sampler`` pass on."""
+
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    rank: int | None
+    world_size: int | None
+    sync_buckets: bool
+    dynamic: DynamicFill | None
 
 
 @dataclass(frozen=True)
@@ -97,7 +131,7 @@ def epoch_steps(
     sync_buckets: bool = True,
     drop_last: bool = False,
     shuffle: bool = True,
-    dynamic: Any = None,
+    dynamic: DynamicFill | None = None,
     order: list[np.ndarray] | None = None,
 ) -> Epoch:
     """All ranks' batches of one epoch (see the module docstring).
@@ -105,7 +139,7 @@ def epoch_steps(
     Args:
         buckets: bucket index of every sample (``-1``: not in the epoch).
         batch_sizes: static batch size per bucket.
-        dynamic: ``(lengths, cost_model, budget_bytes, pool_batches)`` for dynamic batching.
+        dynamic: a :class:`DynamicFill` ``(lengths, cost_model, budget_bytes, pool_batches)`` for dynamic batching.
         order: :func:`members_by_bucket` of ``buckets``, when the caller keeps it between epochs.
     """
     n = len(buckets)
@@ -213,7 +247,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         rank: int | None = None,
         world_size: int | None = None,
         sync_buckets: bool = True,
-        dynamic: Any = None,
+        dynamic: DynamicFill | None = None,
     ) -> None:
         rank, world_size = _dist_defaults(rank, world_size)
         if not isinstance(plan_id, str) or len(plan_id) < 15 or any(c not in "0123456789abcdef" for c in plan_id):
@@ -241,7 +275,12 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     @classmethod
     def from_manifest(
-        cls, manifest: Any, *, cost_model: Any = None, pool_batches: int = 32, **kwargs: Any
+        cls,
+        manifest: Manifest,
+        *,
+        cost_model: PredictsMemory | None = None,
+        pool_batches: int = 32,
+        **kwargs: Unpack[SamplerOptions],
     ) -> BucketBatchSampler:
         """A sampler over a :class:`~tokenbucket.plan.manifest.Manifest` (rows in dataset order).
 
@@ -255,7 +294,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             if cost_model is None:
                 raise ConfigError("a dynamic-mode manifest needs cost_model= to fill its batches to the budget")
             totals = manifest.table.column("total").fill_null(0).to_numpy()
-            kwargs["dynamic"] = (totals, cost_model, plan.budget_bytes, pool_batches)
+            kwargs["dynamic"] = DynamicFill(totals, cost_model, plan.budget_bytes, pool_batches)
         return cls(buckets, plan.batch_sizes.tolist(), plan_id=manifest.content_hash, **kwargs)
 
     # -- the epoch ---------------------------------------------------------------------------
