@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokenbucket.cli.main import main
+from tokenbucket.cost.memory import MEMORY_ITEMS
 from tokenbucket.testing import mixture_a
 
 
@@ -167,14 +168,7 @@ def test_cli_cost_json_has_items_total_and_flops(capsys: pytest.CaptureFixture[s
     data = json.loads(out)
     assert code == 0
     for key in (
-        "weights",
-        "gradients",
-        "optimizer",
-        "activations",
-        "attention_scores",
-        "kv_cache",
-        "transients",
-        "extra",
+        *MEMORY_ITEMS,
         "total",
         "flops",
         "fits",
@@ -339,3 +333,11 @@ def test_cli_loads_only_the_verb_it_runs() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["0", "False", "False"]
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '{"cameras": 4', "[" * 100_000 + "]" * 100_000])
+def test_cli_sample_that_is_no_json_object_is_a_one_line_error(capsys: pytest.CaptureFixture[str], text: str) -> None:
+    code, out, err = run(capsys, "tokens", "--sample", text)
+    assert code != 0 and out == ""
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "--sample" in err and "should be a JSON object" in err and len(err) < 400

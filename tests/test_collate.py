@@ -18,24 +18,11 @@ from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.plan.manifest import build_manifest
 from tokenbucket.train.collate import BucketCollate, EmptyRow, TokenBucketDataset, token_layout
 
+from .tables import small_meta
+
 SPEC = TokenSpec(patch=56, special_per_frame=1, special_per_camera=2)
 COST = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32", attention="eager"))
 BUDGET = 8 * 2**20
-
-
-def meta(n: int = 60) -> pa.Table:
-    rng = np.random.default_rng(0)
-    side = rng.choice([112, 224], n)
-    return pa.table(
-        {
-            "key": [f"s{i:03d}" for i in range(n)],
-            "cameras": rng.choice([1, 2], n),
-            "frames": rng.choice([1, 3], n),
-            "height": side,
-            "width": side,
-            "text_tokens": rng.integers(1, 9, n),
-        }
-    )
 
 
 class Seqs(Dataset[dict[str, torch.Tensor]]):
@@ -51,7 +38,7 @@ class Seqs(Dataset[dict[str, torch.Tensor]]):
 
 
 def setup(mode: str = "static", lie_at: int | None = None) -> tuple[TokenBucketDataset, Any]:
-    table = meta()
+    table = small_meta(60)
     lengths = breakdown_table(table, SPEC).totals
     plan = plan_buckets(lengths, COST, BUDGET, max_buckets=3, multiple=8, mode=mode)  # type: ignore[arg-type]
     return TokenBucketDataset(Seqs(lengths, lie_at), metadata=table, spec=SPEC, plan=plan), plan
@@ -107,7 +94,7 @@ def test_collate_layout_covers_every_token_by_camera_frame_and_modality() -> Non
     data, _ = setup()
     batch = BucketCollate(data, with_layout=True)([data[i] for i in (0, 1)])
     for segs, i in zip(batch["layout"], (0, 1), strict=True):
-        bd = breakdown_sample(meta().slice(i, 1).to_pylist()[0], SPEC)
+        bd = breakdown_sample(small_meta(60).slice(i, 1).to_pylist()[0], SPEC)
         assert segs[0].start == 0 and segs[-1].stop == bd.total
         assert all(a.stop == b.start for a, b in itertools.pairwise(segs))  # contiguous
         frames = [s for s in segs if s.modality == "vision"]
@@ -118,7 +105,7 @@ def test_collate_layout_covers_every_token_by_camera_frame_and_modality() -> Non
 
 
 def test_dataset_metadata_as_callable_or_column() -> None:
-    table = meta()
+    table = small_meta(60)
     lengths = breakdown_table(table, SPEC).totals
     plan = plan_buckets(lengths, COST, BUDGET, max_buckets=3, multiple=8)
     rows = table.to_pylist()
@@ -140,7 +127,7 @@ def test_dataset_metadata_as_callable_or_column() -> None:
 
 
 def test_dataset_refuses_a_manifest_of_another_dataset(tmp_path: Path) -> None:
-    table = meta()
+    table = small_meta(60)
     src = tmp_path / "m.parquet"
     pq.write_table(table, src)
     m = build_manifest(src, SPEC, COST, tmp_path / "manifest.parquet", budget_bytes=BUDGET)

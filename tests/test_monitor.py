@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 from torch import nn
@@ -36,29 +35,16 @@ from tokenbucket.testing import RandomTokens
 from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
 from tokenbucket.train.risk import RiskSplitSampler, static_split
 
+from .tables import small_meta
+
 SPEC = TokenSpec(patch=56)
 HIDDEN = 8
 COST = CostModel(ModelSpec(hidden=HIDDEN, layers=1, heads=2, precision="fp32", attention="eager"))
 BUDGET = 2**20
 
 
-def meta(n: int) -> pa.Table:
-    rng = np.random.default_rng(0)
-    side = rng.choice([112, 224], n)
-    return pa.table(
-        {
-            "key": [f"s{i:03d}" for i in range(n)],
-            "cameras": rng.choice([1, 2], n),
-            "frames": rng.choice([1, 3], n),
-            "height": side,
-            "width": side,
-            "text_tokens": rng.integers(1, 9, n),
-        }
-    )
-
-
 def setup(n: int = 80, mode: str = "static") -> TokenBucketDataset:
-    table = meta(n)
+    table = small_meta(n)
     lengths = breakdown_table(table, SPEC).totals
     plan = plan_buckets(lengths, COST, BUDGET, max_buckets=3, multiple=8, mode=mode)  # type: ignore[arg-type]
     return TokenBucketDataset(RandomTokens(lengths, HIDDEN), metadata=table, spec=SPEC, plan=plan)

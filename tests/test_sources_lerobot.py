@@ -357,7 +357,7 @@ def test_lerobot_metadata_missing_and_bad_files_name_the_path(lerobot_dir: str, 
         read_lerobot_metadata(root / "meta")
     episodes = root / "meta" / "episodes.jsonl"
     episodes.write_text('{"episode_index": 0, "length": 5}\n{"episode_index": 1, "length": \n')
-    with pytest.raises(ConfigError, match=r"episodes.jsonl' line 2 should be one JSON object"):
+    with pytest.raises(ConfigError, match=r"episodes.jsonl' line 2 should be a JSON object"):
         read_lerobot_metadata(root)
     episodes.write_text('{"episode_index": 0, "length": 5}\n{"episode_index": 1}\n')
     with pytest.raises(ConfigError, match=r"line 2: 'length' should be a non-negative integer, but got length=None"):

@@ -1,7 +1,8 @@
-"""Reading ``tokenbucket.toml`` (plumbing shared by every config section)."""
+"""Reading ``tokenbucket.toml`` (plumbing shared by every config section) and JSON objects."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,3 +29,16 @@ def load_toml_section(path: str | Path, section: str) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise ConfigError(f"[{section}] in {str(path)!r} should be a table, but got {table!r}")
     return table
+
+
+def json_object(text: str, where: str) -> dict[str, Any]:
+    """``text`` parsed as one JSON object, or a ConfigError naming ``where`` (a flag, a file, a line)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where} should be a JSON object, but it does not parse ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{where} should be a JSON object, but it is nested too deeply to read") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} should be a JSON object, but got {type(value).__name__}")
+    return value

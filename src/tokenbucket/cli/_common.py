@@ -13,7 +13,7 @@ from typing import Any, TextIO
 import numpy as np
 import numpy.typing as npt
 
-from tokenbucket._config import load_toml_section
+from tokenbucket._config import json_object, load_toml_section
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.gpus import GIB, gpu_budget_bytes
 from tokenbucket.cost.model import ModelSpec
@@ -282,7 +282,7 @@ def _print_plan(plan: BucketPlan) -> None:
 
 def _json_object_arg(text: str, flag: str) -> dict[str, Any]:
     """A flag's JSON object, given inline or as ``@file.json``."""
-    source = f"{flag} {text!r}"
+    source = f"{flag} {text if len(text) <= 80 else text[:60] + ' ...'!r}"
     if text.startswith("@"):
         path = Path(text[1:])
         source = f"{flag} file {str(path)!r}"
@@ -290,13 +290,7 @@ def _json_object_arg(text: str, flag: str) -> dict[str, Any]:
             text = path.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read {source}: {exc}") from None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{source} should be a JSON object, but it does not parse ({exc})") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{source} should be a JSON object, but got {type(value).__name__}")
-    return value
+    return json_object(text, source)
 
 
 def _histogram(totals: npt.NDArray[np.integer[Any]], width: int = 40) -> str:

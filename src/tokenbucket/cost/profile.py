@@ -238,15 +238,8 @@ def profile_memory(
         loss_fn: model output → scalar loss (default: mean of the output in fp32).
         device: ``"fake"`` (CPU fake tensors) or ``"cuda"``.
     """
-    if device == "cuda":
-        return _profile_cuda(
-            model_factory, make_batch, batch, length, train=train, optimizer=optimizer, steps=steps, loss_fn=loss_fn
-        )
-    tracker = StorageTracker()
-    # NOTE [ Fake CPU stands in for CUDA ]: fake tensors on cpu, never a fake cuda device
-    with FakeTensorMode(), tracker, warnings.catch_warnings():
-        # nn.Transformer* layers probe data pointers for their fast path; fake tensors have none
-        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+
+    def run(mark: Callable[[str], None]) -> None:
         _run_steps(
             model_factory,
             make_batch,
@@ -256,23 +249,23 @@ def profile_memory(
             optimizer=optimizer,
             steps=steps,
             loss_fn=loss_fn,
-            mark=tracker.set_phase,
+            mark=mark,
         )
+
+    if device == "cuda":
+        return _profile_cuda(run, batch, length)
+    tracker = StorageTracker()
+    # NOTE [ Fake CPU stands in for CUDA ]: fake tensors on cpu, never a fake cuda device
+    with FakeTensorMode(), tracker, warnings.catch_warnings():
+        # nn.Transformer* layers probe data pointers for their fast path; fake tensors have none
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+        run(tracker.set_phase)
     peaks = {k: v for k, v in tracker.peaks.items() if k != "idle"}
     return MemoryProfile(batch, length, tracker.peak, peaks, "fake-cpu")
 
 
-def _profile_cuda(
-    model_factory: ModelFactory,
-    make_batch: BatchFactory,
-    batch: int,
-    length: int,
-    *,
-    train: bool,
-    optimizer: str,
-    steps: int,
-    loss_fn: Callable[[Any], torch.Tensor],
-) -> MemoryProfile:
+def _profile_cuda(run: Callable[[Callable[[str], None]], None], batch: int, length: int) -> MemoryProfile:
+    """``run(mark)`` on the CUDA device, its peak per phase from ``max_memory_allocated``."""
     peaks: dict[str, int] = {}
     phase = ["setup"]
 
@@ -286,17 +279,7 @@ def _profile_cuda(
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     with torch.device("cuda"):
-        _run_steps(
-            model_factory,
-            make_batch,
-            batch,
-            length,
-            train=train,
-            optimizer=optimizer,
-            steps=steps,
-            loss_fn=loss_fn,
-            mark=mark,
-        )
+        run(mark)
     mark("idle")
     peaks = {k: v - base for k, v in peaks.items() if k != "idle"}
     return MemoryProfile(batch, length, max(peaks.values()), peaks, torch.cuda.get_device_name())

@@ -27,7 +27,6 @@ line or row), the field and the value.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import Counter
@@ -41,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tokenbucket._config import json_object
 from tokenbucket._exceptions import ConfigError
 
 __all__ = [
@@ -216,11 +216,10 @@ def read_lerobot_info(source: str | Path | Mapping[str, Any]) -> LeRobotInfo:
         path = Path(source)
         where = f"LeRobot info {str(path)!r}"
         try:
-            info = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read {where}: {exc}") from None
-        if not isinstance(info, dict):
-            raise ConfigError(f"{where} should hold a JSON object, but got {type(info).__name__}")
+        info = json_object(text, where)
     features = info.get("features")
     if not isinstance(features, Mapping):
         raise ConfigError(f"{where} should have a 'features' table, but it has none")
@@ -259,12 +258,7 @@ def _episodes_jsonl(path: Path) -> tuple[list[int], list[int]]:
         if not line.strip():
             continue
         where = f"LeRobot episodes {str(path)!r} line {lineno}"
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where} should be one JSON object, but it does not parse ({exc})") from None
-        if not isinstance(entry, dict):
-            raise ConfigError(f"{where} should be one JSON object, but got {line.strip()!r}")
+        entry = json_object(line, where)
         for name, out in (("episode_index", indices), ("length", lengths)):
             value = entry.get(name)
             if not _is_count(value) or value < 0:
