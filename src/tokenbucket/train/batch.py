@@ -132,14 +132,15 @@ class BatchInfo:
 
 
 def pad_rows(
-    seqs: Sequence[torch.Tensor],
+    seqs: Sequence[torch.Tensor | Sequence[torch.Tensor]],
     indices: Sequence[int],
     rows: int,
     length: int,
     template: torch.Tensor,
     pad_value: float = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``seqs`` (each ``[L_i, ...]``) laid in the first rows of a ``[rows, length, ...]`` batch.
+    """``seqs`` (each ``[L_i, ...]``, or a packed row's list of them laid end to end) in the first
+    rows of a ``[rows, length, ...]`` batch.
 
     Returns ``tokens`` (``pad_value`` past each sequence and on empty rows, ``template``'s dtype
     and trailing shape), ``attention_mask`` ``[rows, length]`` (True on real tokens),
@@ -156,8 +157,15 @@ def pad_rows(
     row_mask = torch.zeros(rows, dtype=torch.bool)
     index = torch.full((rows,), -1, dtype=torch.long)
     for r, (i, s) in enumerate(zip(indices, seqs, strict=True)):
-        tokens[r, : s.shape[0]] = s
-        attention[r, : s.shape[0]] = True
+        if isinstance(s, torch.Tensor):
+            end = s.shape[0]
+            tokens[r, :end] = s
+        else:
+            end = 0
+            for piece in s:
+                tokens[r, end : end + piece.shape[0]] = piece
+                end += piece.shape[0]
+        attention[r, :end] = True
         row_mask[r] = True
         index[r] = i
     return tokens, attention, row_mask, index

@@ -135,9 +135,9 @@ class PackedCollate:
                 f"and the collate's pack_length / rows_per_batch disagree"
             )
         template = samples[0][1] if samples else self.data.token_template(self.tokens_key)
-        # a row is its samples end to end, padded like any collate's rows (train.batch.pad_rows)
-        joined = [torch.cat([t for _, t in row]) if len(row) > 1 else row[0][1] for row in rows]
-        tokens, attention, _, _ = pad_rows(joined, range(len(rows)), R, P, template, self.pad_value)
+        # a row is its samples end to end, padded like any collate's rows
+        pieces = [[t for _, t in row] for row in rows]
+        tokens, attention, _, _ = pad_rows(pieces, range(len(rows)), R, P, template, self.pad_value)
         segment = torch.zeros(R, P, dtype=torch.int32)
         position = torch.zeros(R, P, dtype=torch.long)
         seqlens: list[int] = []
