@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from tokenbucket import (
     ColumnMap,
+    ConfigError,
     CountRule,
+    InvalidValueError,
     MetadataError,
     TokenSpec,
     breakdown_sample,
@@ -306,3 +308,45 @@ def test_breakdown_table_accepts_numpy_columns() -> None:
         "width": np.array([224, 448]),
     }
     assert breakdown_table(cols, TokenSpec(patch=14)).totals.tolist() == [16_384, 1_024]
+
+
+def test_breakdown_total_past_2_62_is_an_invalid_row_not_a_wrapped_int() -> None:
+    # 10,000 cameras of 2**50 tokens each add up past int64; the row is refused, the others kept
+    huge = [{"frames": 2**20, "height": 2**15, "width": 2**15}] * 10_000
+    small = [{"frames": 1, "height": 14, "width": 14}]
+    table = pa.table({"key": ["a", "b", "c"], "cameras": [small, huge, small], "text_tokens": [1, 1, 2]})
+    spec = TokenSpec(patch=1)
+    result = breakdown_table(table, spec, on_invalid="reject")
+    assert result.table.column("key").to_pylist() == ["a", "c"]
+    assert result.table.column("total").to_pylist() == [197, 198]
+    assert result.rejected.num_rows == 1 and result.table.num_rows + result.rejected.num_rows == 3
+    assert result.rejected.column("column").to_pylist() == ["total"]
+    assert "less than 2**62 tokens" in result.rejected.column("message")[0].as_py()
+    with pytest.raises(InvalidValueError, match=r"row 1 key 'b': column 'total' should add up to less than 2\*\*62"):
+        breakdown_table(table, spec)
+    with pytest.raises(InvalidValueError, match="less than 2\\*\\*62"):  # the one-sample path agrees
+        breakdown_sample(table.slice(1, 1).to_pylist()[0], spec, index=1)
+
+
+def test_breakdown_rules_that_add_up_past_2_62_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"tokens_per_unit should be at most 2147483648 \(2\*\*31\)"):
+        CountRule(column="steps", tokens_per_unit=2**40)  # one rule's product always fits int64
+    per = 2**31
+    spec = TokenSpec(
+        patch=14,
+        action=CountRule(column="steps", tokens_per_unit=per),
+        memory=CountRule(column="steps", tokens_per_unit=per),
+    )
+    table = pa.table(
+        {
+            "key": ["a", "b"],
+            "cameras": [1, 1],
+            "frames": [1, 1],
+            "height": [14, 14],
+            "width": [14, 14],
+            "steps": [2**31, 1],
+        }
+    )
+    result = breakdown_table(table, spec, on_invalid="reject")  # 2 x 2**62 would wrap int64
+    assert result.table.column("key").to_pylist() == ["b"] and result.rejected.column("key").to_pylist() == ["a"]
+    assert "less than 2**62" in result.rejected.column("reason")[0].as_py()

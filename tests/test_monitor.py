@@ -252,7 +252,7 @@ def test_risk_split_sampler_ranks_stay_in_step_and_resume_mid_batch() -> None:
     )
     loaded.set_epoch(1)
     assert list(stopped) == full1 and list(loaded) == full1
-    with pytest.raises(ConfigError, match="at least 0"):
+    with pytest.raises(ConfigError, match="should be an integer >= 0"):
         make().load_state_dict({"sampler": {**epoch1.state_dict()["sampler"], "step": -1}, "part": 0})
 
 

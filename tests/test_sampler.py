@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
-from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table, gpu_budget_bytes
+from tokenbucket import ConfigError, CostModel, ModelSpec, StateError, TokenSpec, breakdown_table, gpu_budget_bytes
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.testing import mixture_a
 from tokenbucket.train.sampler import BucketBatchSampler, epoch_steps, plan_id_of
@@ -172,8 +173,37 @@ def test_sampler_refuses_a_resume_that_cannot_continue_exactly() -> None:
         BucketBatchSampler(buckets, sizes, plan_id=plan_id_of("other"), world_size=2, rank=0).load_state_dict(state)
     with pytest.raises(ConfigError, match="unexpected keys"):
         BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID, world_size=2, rank=0).load_state_dict({**state, "x": 1})
-    with pytest.raises(ConfigError, match="at least 0"):
+    with pytest.raises(StateError, match="'step' should be an integer >= 0, but got -1"):
         BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID, world_size=2, rank=0).load_state_dict({**state, "step": -1})
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"step": 2.7}, {"step": "3"}, {"step": True}, {"epoch": None}, {"epoch": 1.0}, {"step": None}],
+    ids=["step-2.7", "step-str", "step-bool", "epoch-none", "epoch-float", "step-none"],
+)
+def test_sampler_resume_refuses_a_position_that_is_not_a_count(change: dict[str, object]) -> None:
+    buckets, sizes = mixture_buckets(500)
+    saved = BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID)
+    it = iter(saved)
+    for _ in range(3):
+        next(it)
+    state = {**saved.state_dict(), **change}
+    fresh = BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID)
+    ((key, value),) = change.items()
+    with pytest.raises(StateError, match=f"'{key}' should be an integer >= 0, but got {re.escape(repr(value))}"):
+        fresh.load_state_dict(state)
+    assert (fresh.epoch, fresh.step) == (0, 0)  # nothing half-loaded
+    assert sum(len(b) for b in fresh) == int((buckets >= 0).sum())  # and the fresh epoch still has every sample
+
+
+@pytest.mark.parametrize("drop", ["epoch", "step", "plan_id"])
+def test_sampler_resume_refuses_a_state_missing_a_key(drop: str) -> None:
+    buckets, sizes = mixture_buckets(500)
+    state = BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID).state_dict()
+    del state[drop]
+    with pytest.raises(StateError, match=f"has no '{drop}'"):
+        BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID).load_state_dict(state)
 
 
 def test_dynamic_sampler_names_a_sample_its_cost_model_cannot_fit() -> None:

@@ -25,9 +25,13 @@ R_NOT_POSITIVE = "should be at least 1"
 # NOTE [ Value bounds ]
 # Bounds keep every product in int64: a camera's tokens are at most
 # frames (2**20) x height (2**15) x width (2**15) with patch 1, i.e. 2**50, times 256 cameras
-# is 2**58. Larger values are metadata errors, never silently wrapped.
+# is 2**58. Larger values are metadata errors, never silently wrapped. A list of cameras may be
+# longer and rules multiply their counts, so a sample's total is checked on its own: past
+# MAX_TOTAL the row is invalid (the check sums in float64, which cannot wrap).
 # NOTE [ Value bounds ]
 MAX_CAMERAS = 256
+MAX_TOTAL = 2**62
+R_TOO_MANY_TOKENS = "should add up to less than 2**62 tokens"
 MAX_FRAMES = 2**20
 MAX_SIDE = 2**15
 MAX_TOKENS = 2**31

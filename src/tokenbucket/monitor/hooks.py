@@ -43,13 +43,14 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from tokenbucket._exceptions import ConfigError, OOMRiskWarning, PlanDriftWarning
+from tokenbucket._exceptions import ConfigError, OOMRiskWarning, PlanDriftWarning, StateError
 from tokenbucket.monitor.sinks import JsonlSink
 from tokenbucket.monitor.stats import RunStats
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.train.batch import BatchInfo
 from tokenbucket.train.risk import check_risk_options
+from tokenbucket.train.sampler import state_count
 
 __all__ = [
     "BucketMonitor",
@@ -537,13 +538,17 @@ class BucketMonitor:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        missing = [k for k in self.STATE_KEYS if k not in state]
+        if missing:
+            raise StateError(f"cannot resume: the saved monitor state has no {missing} (it holds {sorted(state)})")
         state = dict(state)
-        self.step_count = int(state.pop("step"))
+        self.step_count = state_count(state, "step", "monitor")
+        del state["step"]
         self.stats.load_state_dict(state.pop("stats"))
         self.drift_levels = {int(k): float(v) for k, v in state.pop("drift_levels").items()}
         self.limits = {int(k): int(v) for k, v in state.pop("limits").items()}
         if state:
-            raise ConfigError(f"unexpected keys in the monitor state: {sorted(state)}")
+            raise StateError(f"unexpected keys in the monitor state: {sorted(state)}")
         self._emit({"event": "resume", "step": self.step_count, "time": time.time()})
 
     def flush(self) -> None:

@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
-from tokenbucket._exceptions import ConfigError
+from tokenbucket._exceptions import StateError
+from tokenbucket.train.sampler import state_count
 
 __all__ = ["ShardProgress", "StreamState", "StreamStats", "shard_of"]
 
@@ -105,13 +106,20 @@ class StreamState:
     def from_dict(cls, state: Mapping[str, object]) -> StreamState:
         """A saved state: every key of :attr:`KEYS` is popped and a leftover refused. The values are
         taken as :meth:`to_dict` wrote them (a JSON round trip keeps them), not checked again."""
+        if not isinstance(state, Mapping):
+            raise StateError(f"cannot resume: the saved stream state should be a dict, but got {type(state).__name__}")
         state = dict(state)
         missing = [k for k in cls.KEYS if k not in state]
         if missing:
-            raise ConfigError(f"the stream state lacks {missing} (saved by another version?)")
+            raise StateError(f"cannot resume: the stream state lacks {missing} (saved by another version?)")
         loaded = {k: state.pop(k) for k in cls.KEYS}
         if state:
-            raise ConfigError(f"unexpected keys in the stream state: {sorted(state)}")
+            raise StateError(f"unexpected keys in the stream state: {sorted(state)}")
+        ended = loaded[cls.ENDED]
+        if not isinstance(ended, bool):
+            raise StateError(
+                f"cannot resume: the stream state's {cls.ENDED!r} should be true or false, but got {ended!r}"
+            )
         stats = StreamStats.from_dict(cast("Mapping[str, object]", loaded[cls.STATS]))
         emitted = cast("Mapping[str, Iterable[str]]", loaded[cls.EMITTED])
         return cls(
@@ -119,8 +127,8 @@ class StreamState:
             emitted={s: tuple(k) for s, k in emitted.items()},
             counted=dict(cast("Mapping[str, int]", loaded[cls.COUNTED])),
             buffered=tuple((s, k) for s, k in cast("Iterable[tuple[str, str]]", loaded[cls.BUFFERED])),
-            batches=cast("int", loaded[cls.BATCHES]),
-            ended=cast("bool", loaded[cls.ENDED]),
+            batches=state_count(loaded, cls.BATCHES, "stream"),
+            ended=ended,
             stats=stats,
         )
 

@@ -36,6 +36,7 @@ _P_FLAT = {"frames": 3, "height": 4, "width": 5}
 _P_ELEMENT = 10  # + 4 * position + field
 _P_SMALL = 1_000_000  # + 4 * position + (0 height, 1 width)
 _P_RULE = 2_000_000  # + rule index
+_P_TOTAL = 3_000_000  # the sum of everything (NOTE [ Value bounds ])
 
 _ERROR_CLASS = {
     R_DUPLICATE: DuplicateKeyError,
@@ -360,12 +361,16 @@ def _vision_list(
 
 
 def _sum_by_row(parent: np.ndarray, tokens: np.ndarray, n: int) -> np.ndarray:
-    """Each row's sum of its elements' tokens, exact in int64."""
+    """Each row's sum of its elements' tokens, exact in int64; a row past ``MAX_TOTAL`` reads
+    ``MAX_TOTAL`` (the total check rejects it: NOTE [ Value bounds ])."""
     tokens = np.asarray(tokens, dtype=np.int64)
-    if int(tokens.sum()) < 2**53:  # every partial sum is then exact in float64: bincount's fast path
-        return np.bincount(parent, weights=tokens, minlength=n).astype(np.int64)
+    approx = np.bincount(parent, weights=tokens, minlength=n)  # float64: cannot wrap
+    if approx.max(initial=0) < 2**53:  # every partial sum is then exact: bincount's fast path
+        return approx.astype(np.int64)
+    over = approx >= V.MAX_TOTAL
     out = np.zeros(n, dtype=np.int64)
-    np.add.at(out, parent, tokens)
+    np.add.at(out, parent, np.where(over[parent], 0, tokens))
+    out[over] = V.MAX_TOTAL
     return out
 
 

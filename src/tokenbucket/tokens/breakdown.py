@@ -40,6 +40,7 @@ from tokenbucket.tokens._vision import (
     _ERROR_CLASS,
     _P_KEY,
     _P_RULE,
+    _P_TOTAL,
     R_DUPLICATE,
     R_NO_CAMERA_FOR_SLOTS,
     R_TOO_MANY_CAMERAS,
@@ -231,8 +232,11 @@ def breakdown_sample(sample: Mapping[str, Any], spec: TokenSpec, *, index: int |
                 raise MissingColumnError(rule.column, sorted(map(str, sample)))
         counts[name] = row.int(value, rule.column, 0, V.MAX_TOKENS) * rule.tokens_per_unit
 
+    vision = sum(c.tokens for c in cameras)
+    if vision + sum(counts.values()) >= V.MAX_TOTAL:  # NOTE [ Value bounds ]
+        raise row.fail(V.R_TOO_MANY_TOKENS, "total", vision + sum(counts.values()))
     return TokenBreakdown(
-        vision=sum(c.tokens for c in cameras),
+        vision=vision,
         text=counts.pop("text"),
         proprio=counts.pop("proprio"),
         action=counts.pop("action"),
@@ -396,8 +400,14 @@ def breakdown_table(
         counts[name] = checked[rule.column] * rule.tokens_per_unit
 
     total = vision.copy()
+    approx = vision.astype(np.float64)  # NOTE [ Value bounds ]: a sum that cannot wrap
     for values in counts.values():
         total += values
+        approx += values.astype(np.float64)
+    over = np.flatnonzero(approx >= V.MAX_TOTAL)
+    if len(over):
+        problems.add(over, _P_TOTAL, V.R_TOO_MANY_TOKENS, "total", lambda i: int(approx[over[i]]))
+        total[over] = V.MAX_TOTAL
 
     index = np.arange(n, dtype=np.int64)
     rejected = REJECTED_SCHEMA.empty_table()

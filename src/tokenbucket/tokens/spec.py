@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from tokenbucket import _values as V
 from tokenbucket._config import load_toml_section
 from tokenbucket._exceptions import ConfigError
 
@@ -164,6 +165,11 @@ class CountRule:
             raise ConfigError(f"column should be a non-empty string, but got column={self.column!r}")
         _check_int("count", self.count, 0)
         _check_int("tokens_per_unit", self.tokens_per_unit, 0)
+        for name in ("count", "tokens_per_unit"):  # NOTE [ Value bounds ]: a rule's product fits int64
+            if getattr(self, name) > V.MAX_TOKENS:
+                raise ConfigError(
+                    f"{name} should be at most {V.MAX_TOKENS} (2**31), but got {name}={getattr(self, name)}"
+                )
 
     @classmethod
     def parse(cls, value: str | int | Mapping[str, Any] | CountRule) -> CountRule:

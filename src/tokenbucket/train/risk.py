@@ -19,17 +19,17 @@ every batch it builds against ``risk_threshold`` and applies ``on_risk``:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from tokenbucket._exceptions import ConfigError, OOMRiskError, OOMRiskWarning
+from tokenbucket._exceptions import ConfigError, OOMRiskError, OOMRiskWarning, StateError
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.train.batch import BatchInfo, BucketedData
-from tokenbucket.train.sampler import BucketBatchSampler
+from tokenbucket.train.sampler import BucketBatchSampler, state_count
 
 __all__ = ["RISK_POLICIES", "OOMRiskError", "OOMRiskWarning", "RiskSplitSampler", "check_risk_options", "static_split"]
 
@@ -179,12 +179,17 @@ class RiskSplitSampler(Sampler[list[int]]):
         return {"sampler": inner, "part": self._part}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, Mapping) or not isinstance(state.get("sampler"), Mapping):
+            raise StateError(
+                f"cannot resume: the saved risk-split state should be {{'sampler': {{...}}, 'part': n}}, but got {state!r}"
+            )
         state = dict(state)
+        part = state_count(state, "part", "risk-split")
         inner = state.pop("sampler")
-        self.sampler.load_state_dict(inner)
-        part = int(state.pop("part"))
+        del state["part"]
         if state:
-            raise ConfigError(f"unexpected keys in the risk-split sampler state: {sorted(state)}")
+            raise StateError(f"unexpected keys in the risk-split sampler state: {sorted(state)}")
+        self.sampler.load_state_dict(inner)
         self._skip, self._part = part, 0
         self._loaded = {"sampler": dict(inner), "part": part}
 

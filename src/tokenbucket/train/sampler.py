@@ -25,6 +25,7 @@ State (``state_dict``, torchdata's ``StatefulDataLoader`` protocol): ``epoch``, 
 from __future__ import annotations
 
 import hashlib
+import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
@@ -48,6 +49,7 @@ __all__ = [
     "empty_row",
     "epoch_steps",
     "members_by_bucket",
+    "state_count",
 ]
 
 
@@ -358,6 +360,8 @@ def sampler_state(sampler: object, keys: Sequence[str], *, identity_only: bool =
 def resume_position(state: Mapping[str, Any], mine: Mapping[str, Any], what: str) -> tuple[int, int]:
     """A saved sampler state's ``(epoch, step)``, once its identity (``mine``: plan id, world
     size, seed, ...) is this sampler's; else a StateError saying why the position means nothing here."""
+    if not isinstance(state, Mapping):
+        raise StateError(f"cannot resume: the saved {what} state should be a dict, but got {type(state).__name__}")
     state = dict(state)
     for key, value in mine.items():
         if key not in state:
@@ -372,12 +376,22 @@ def resume_position(state: Mapping[str, Any], mine: Mapping[str, Any], what: str
     for key in POSITION_KEYS:
         if key not in state:
             raise StateError(f"cannot resume: the saved {what} state has no {key!r}")
-    epoch, step = int(state.pop(EPOCH_KEY)), int(state.pop(STEP_KEY))
+    epoch, step = state_count(state, EPOCH_KEY, what), state_count(state, STEP_KEY, what)
+    del state[EPOCH_KEY], state[STEP_KEY]
     if state:
         raise StateError(f"unexpected keys in the {what} state: {sorted(state)}")
-    if epoch < 0 or step < 0:
-        raise StateError(f"cannot resume: saved epoch={epoch}, step={step}; both should be at least 0")
     return epoch, step
+
+
+def state_count(state: Mapping[str, object], key: str, what: str) -> int:
+    """``state[key]`` as a count (an integer >= 0, as saved: ``2.7``, ``"3"``, ``True`` or ``None``
+    are refused, never rounded), or a StateError naming the key."""
+    value = state.get(key)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 0:
+        raise StateError(
+            f"cannot resume: the saved {what} state's {key!r} should be an integer >= 0, but got {value!r}"
+        )
+    return int(value)
 
 
 def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
