@@ -21,7 +21,15 @@ from tokenbucket.cost.model import MODEL_PRESETS, ModelSpec
         ({"hidden": -8, "layers": 2, "heads": 2}, r"hidden should be a positive integer"),
         ({"hidden": 64, "layers": 2, "heads": 2, "precision": "fp16"}, r"precision should be one of"),
         ({"hidden": 64, "layers": 2, "heads": 2, "attention": "linear"}, r"attention should be one of"),
-        ({"hidden": 64, "layers": 2, "heads": 2, "mlp_ratio": 0}, r"mlp_ratio should be a positive number"),
+        ({"hidden": 64, "layers": 2, "heads": 2, "mlp_ratio": 0}, r"mlp_ratio should be a positive finite number"),
+        (
+            {"hidden": 64, "layers": 2, "heads": 2, "mlp_ratio": float("nan")},
+            r"positive finite number, but got mlp_ratio=nan",
+        ),
+        (
+            {"hidden": 64, "layers": 2, "heads": 2, "mlp_ratio": float("inf")},
+            r"positive finite number, but got mlp_ratio=inf",
+        ),
         ({"hidden": 64, "layers": 2, "heads": 2, "window": 0}, r"window should be a positive integer"),
     ],
 )

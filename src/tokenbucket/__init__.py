@@ -39,6 +39,7 @@ from tokenbucket._exceptions import (
     PlanError,
     StateError,
     TokenbucketError,
+    UsageError,
 )
 
 # NOTE [ Lazy public API ]
@@ -184,6 +185,7 @@ __all__ = [
     "TokenBucketDataset",
     "TokenSpec",
     "TokenbucketError",
+    "UsageError",
     "block_diagonal_mask",
     "breakdown_sample",
     "breakdown_table",

@@ -38,6 +38,7 @@ __all__ = [
     "PlanError",
     "StateError",
     "TokenbucketError",
+    "UsageError",
 ]
 
 
@@ -47,6 +48,10 @@ class TokenbucketError(Exception):
 
 class ConfigError(TokenbucketError, ValueError):
     """An invalid spec, option or config file entry."""
+
+
+class UsageError(ConfigError):
+    """Flags that do not go together, or one missing (the command line's exit status 2)."""
 
 
 class PlanError(TokenbucketError, ValueError):

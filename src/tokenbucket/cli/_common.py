@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenbucket._config import json_object, load_toml_section
-from tokenbucket._exceptions import ConfigError
+from tokenbucket._exceptions import ConfigError, UsageError
 from tokenbucket.cost.gpus import GIB, gpu_budget_bytes
 from tokenbucket.cost.model import ModelSpec
 from tokenbucket.plan.bucket_plan import BucketPlan
@@ -88,7 +89,7 @@ def _add_model_flags(p: argparse.ArgumentParser, *, with_config: bool = False, m
     g.add_argument("--layers", type=int, help="number of blocks")
     g.add_argument("--heads", type=int, help="attention heads")
     g.add_argument("--kv-heads", type=int, help="K/V heads (GQA/MQA)")
-    g.add_argument("--mlp-ratio", type=float, help="MLP width over hidden (default 4)")
+    g.add_argument("--mlp-ratio", type=finite_float, help="MLP width over hidden (default 4)")
     g.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None, help="SwiGLU MLP")
     g.add_argument("--precision", choices=["bf16", "amp", "fp32"])
     g.add_argument("--attention", choices=["flash", "sdpa", "eager", "mem_efficient"])
@@ -132,10 +133,21 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
     return ModelSpec.from_dict(data)
 
 
+def finite_float(text: str) -> float:
+    """An argparse type: a finite number (``nan``, ``inf`` and words are refused as usage errors)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"should be a number, but got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"should be a finite number, but got {text!r}")
+    return value
+
+
 def _budget(args: argparse.Namespace) -> int | None:
     if args.budget_gib is not None:
         if args.budget_gib <= 0:
-            raise ConfigError(f"--budget-gib should be positive, but got {args.budget_gib}")
+            raise UsageError(f"--budget-gib should be positive, but got {args.budget_gib}")
         return int(args.budget_gib * GIB)
     if args.gpu is not None:
         return gpu_budget_bytes(args.gpu)
@@ -158,7 +170,7 @@ def _pairs(items: Sequence[str], flag: str) -> list[tuple[str, str]]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            raise ConfigError(f"{flag} should look like NAME=VALUE, but got {flag} {item!r}")
+            raise UsageError(f"{flag} should look like NAME=VALUE, but got {flag} {item!r}")
         out.append((name.strip(), value.strip()))
     return out
 
@@ -188,14 +200,14 @@ def spec_from_args(args: argparse.Namespace) -> TokenSpec:
     }
     data.update({k: v for k, v in flags.items() if v is not None})
     if args.resize == "fixed" and args.fixed_size is None and "fixed_size" not in data:
-        raise ConfigError("--resize fixed needs --fixed-size HxW")
+        raise UsageError("--resize fixed needs --fixed-size HxW")
     if args.camera_names:
         data["camera_names"] = [n.strip() for n in args.camera_names.split(",") if n.strip()]
     overrides = {k: dict(v) for k, v in data.get("overrides", {}).items()}
     for item in args.override:
         camera, sep, rest = item.partition(":")
         if not sep:
-            raise ConfigError(f"--override should look like CAMERA:FIELD=VALUE, but got --override {item!r}")
+            raise UsageError(f"--override should look like CAMERA:FIELD=VALUE, but got --override {item!r}")
         for fld, value in _pairs([rest], "--override"):
             overrides.setdefault(camera, {})[fld] = _parse_value(value)
     if overrides:

@@ -9,7 +9,7 @@ import argparse
 import json
 from typing import Any
 
-from tokenbucket.cli._common import _add_model_flags, _budget, _gib, model_from_args
+from tokenbucket.cli._common import _add_model_flags, _budget, _gib, finite_float, model_from_args
 from tokenbucket.cost.memory import MEMORY_ITEMS, CostModel
 
 __all__ = ["add_arguments", "run"]
@@ -19,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--length", type=int, required=True, help="padded sequence length in tokens")
     parser.add_argument("--gpu", help="GPU target (see `tokenbucket gpus`)")
-    parser.add_argument("--budget-gib", type=float, help="memory budget instead of a GPU's")
-    parser.add_argument("--mfu", type=float, default=0.4, help="assumed FLOPs utilisation for step time")
+    parser.add_argument("--budget-gib", type=finite_float, help="memory budget instead of a GPU's")
+    parser.add_argument("--mfu", type=finite_float, default=0.4, help="assumed FLOPs utilisation for step time")
     parser.add_argument("--json", action="store_true")
     _add_model_flags(parser, with_config=True)
 

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
-from typing import Protocol, cast
+from typing import NoReturn, Protocol, cast
 
-from tokenbucket._exceptions import TokenbucketError
+from tokenbucket._exceptions import TokenbucketError, UsageError
 
 __all__ = ["build_parser", "main"]
+
+# exit statuses, as Unix tools use them
+EXIT_DATA, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 1, 2, 130, 141
 
 
 class Verb(Protocol):
@@ -55,6 +59,13 @@ VERBS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (NOTE [ CLI error path ]); ``--help`` shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def verb_module(module: str) -> Verb:
     """The verb's module (NOTE [ Verbs load on demand ])."""
     return cast(Verb, importlib.import_module(f"tokenbucket.cli.{module}"))
@@ -67,7 +78,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     A verb module imports its stages at the top (torch, pyarrow: seconds), so ``main`` loads the
     module of the verb it runs and no other: ``tokenbucket gpus`` does not pay for the profiler.
     """
-    parser = argparse.ArgumentParser(prog="tokenbucket", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="tokenbucket", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module, help_text in VERBS:
         verb_parser = sub.add_parser(name, help=help_text)
@@ -79,15 +90,41 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one verb; a user's mistake ends as one line on stderr, never a traceback.
+
+    NOTE [ CLI error path ]
+    ``tokenbucket VERB: error: MESSAGE`` and exit status 2 for a usage error (argparse's own, or a
+    :class:`UsageError`: flags that do not go together), 1 for everything the input or the
+    machine refused (any other :class:`TokenbucketError`, an OS error such as a missing file or a
+    full disk). A reader that closes the pipe (``tokenbucket tokens ... | head -1``) ends the
+    command quietly with status 141, as SIGPIPE ends ``cat``; Ctrl-C ends it with 130. Anything
+    else is a bug and keeps its traceback.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)  # the verb: the first positional
     parser = build_parser(chosen or "")  # NOTE [ Verbs load on demand ]: none for --help or a bad verb
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # NOTE [ CLI error path ]: what is still buffered goes nowhere, and exit says nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
+    except KeyboardInterrupt:
+        print(f"tokenbucket {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except TokenbucketError as exc:
-        print(f"tokenbucket {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        print(f"tokenbucket {args.command}: error: {_one_line(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_DATA
+    except OSError as exc:  # the file named on the command line: missing, unreadable, a full disk
+        print(f"tokenbucket {args.command}: error: {_one_line(str(exc))}", file=sys.stderr)
+        return EXIT_DATA
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tokenbucket._exceptions import ConfigError
+from tokenbucket._exceptions import ConfigError, UsageError
 from tokenbucket.cli._common import _add_model_flags, _gib, model_from_args
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.profile import profile_memory, profile_points
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _load_factory(target: str) -> Callable[..., Any]:
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"expected MODULE:FACTORY (e.g. mypkg.models:build), but got {target!r}")
+        raise UsageError(f"expected MODULE:FACTORY (e.g. mypkg.models:build), but got {target!r}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from tokenbucket._exceptions import ConfigError
+from tokenbucket._exceptions import UsageError
 from tokenbucket.cli._common import _add_spec_flags, _print_summary, _sample_arg, spec_from_args
 from tokenbucket.tokens.breakdown import breakdown_sample, breakdown_table
 from tokenbucket.tokens.metadata import read_metadata
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     if args.sample is not None:
         if args.metadata is not None:
-            raise ConfigError("give either METADATA or --sample, not both")
+            raise UsageError("give either METADATA or --sample, not both")
         bd = breakdown_sample(_sample_arg(args.sample), spec)
         if args.json:
             print(json.dumps(bd.to_dict()))
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
                 )
         return 0
     if args.metadata is None:
-        raise ConfigError("tokens needs METADATA (a file or directory) or --sample JSON")
+        raise UsageError("tokens needs METADATA (a file or directory) or --sample JSON")
     table = read_metadata(args.metadata, key=spec.columns.key, absent=spec.absent_as_zero())
     result = breakdown_table(table, spec, on_invalid=args.on_invalid)
     summary = result.summary()

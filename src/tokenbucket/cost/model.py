@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -106,8 +107,9 @@ class ModelSpec:
             )
         if self.heads % self.kv_heads:  # type: ignore[operator]
             raise ConfigError(f"kv_heads should divide heads, but got heads={self.heads}, kv_heads={self.kv_heads}")
-        if isinstance(self.mlp_ratio, bool) or not isinstance(self.mlp_ratio, (int, float)) or self.mlp_ratio <= 0:
-            raise ConfigError(f"mlp_ratio should be a positive number, but got mlp_ratio={self.mlp_ratio!r}")
+        r = self.mlp_ratio
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not (0 < r < math.inf):  # nan fails too
+            raise ConfigError(f"mlp_ratio should be a positive finite number, but got mlp_ratio={r!r}")
         for name, choices in _CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ConfigError(f"{name} should be one of {list(choices)}, but got {name}={getattr(self, name)!r}")

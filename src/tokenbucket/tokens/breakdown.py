@@ -131,6 +131,7 @@ class _Row:
 
 
 _MISSING = object()
+R_NOT_UTF8 = "should be valid UTF-8 text"
 
 
 def breakdown_sample(sample: Mapping[str, Any], spec: TokenSpec, *, index: int | None = None) -> TokenBreakdown:
@@ -325,6 +326,7 @@ def breakdown_table(
     on_invalid: OnInvalid = "raise",
     per_camera: bool = False,
     check_keys: bool = True,
+    min_total: int = 0,
 ) -> Breakdowns:
     """The token breakdown of every row of ``table``, vectorised.
 
@@ -339,6 +341,8 @@ def breakdown_table(
         check_keys: check that keys are unique (one comparison pass when the keys are in
             increasing order, else a hash over every key; turn off only when the keys are known
             to be unique).
+        min_total: a sample with fewer tokens is invalid (the planner passes 1: a padded row of
+            nothing but padding trains nothing; packing takes empty samples).
 
     Raises:
         MissingColumnError: a required column is absent (in either mode).
@@ -361,6 +365,7 @@ def breakdown_table(
         key_arr = _flat(_column(table, cols.key))
         if not (pa.types.is_string(key_arr.type) or pa.types.is_large_string(key_arr.type)):
             key_arr = pc.cast(key_arr, pa.string())
+        key_arr = _utf8_keys(key_arr, problems, cols.key)
         if key_arr.null_count:
             idx = np.flatnonzero(np.asarray(key_arr.is_null()))
             problems.add(idx, _P_KEY, V.R_NULL, cols.key, None)
@@ -408,6 +413,9 @@ def breakdown_table(
     if len(over):
         problems.add(over, _P_TOTAL, V.R_TOO_MANY_TOKENS, "total", lambda i: int(approx[over[i]]))
         total[over] = V.MAX_TOTAL
+    if min_total > 0:
+        few = np.flatnonzero(total < min_total)
+        problems.add(few, _P_TOTAL, f"should be at least {min_total} token(s)", "total", lambda i: int(total[few[i]]))
 
     index = np.arange(n, dtype=np.int64)
     rejected = REJECTED_SCHEMA.empty_table()
@@ -448,6 +456,32 @@ def breakdown_table(
     if keep is not None:
         result = result.filter(pa.array(keep))
     return Breakdowns(table=result, rejected=rejected)
+
+
+def _utf8_keys(keys: pa.Array, problems: V.Problems, column: str) -> pa.Array:
+    """``keys`` as they are when every one is valid UTF-8 (one validation pass); else the bad ones
+    are reported and shown with their bytes escaped (a reader such as Parquet or Arrow's JSON does
+    not check them, and a key that cannot be decoded could not be named, saved or looked up)."""
+    try:
+        keys.validate(full=True)
+        return keys
+    except pa.ArrowInvalid:
+        pass
+    raw = keys.cast(pa.large_binary() if pa.types.is_large_string(keys.type) else pa.binary()).to_pylist()
+    shown: list[str | None] = []
+    bad: list[int] = []
+    for i, value in enumerate(raw):
+        if value is None:
+            shown.append(None)
+            continue
+        try:
+            shown.append(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            shown.append(value.decode("utf-8", "backslashreplace"))
+            bad.append(i)
+    rows = np.array(bad, dtype=np.int64)
+    problems.add(rows, _P_KEY, R_NOT_UTF8, column, lambda i: raw[int(rows[i])])
+    return pa.array(shown, keys.type)
 
 
 def duplicate_rows(keys: pa.Array) -> np.ndarray:

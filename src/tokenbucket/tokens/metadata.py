@@ -83,14 +83,20 @@ def _csv_options(key: str | None) -> Any:
     return pcsv.ConvertOptions(column_types={key: pa.string()} if key else {})
 
 
-def _read_one(path: Path, fmt: str, columns: Sequence[str] | None, key: str | None = "key") -> pa.Table:
+def _read_one(
+    path: Path,
+    fmt: str,
+    columns: Sequence[str] | None,
+    key: str | None = "key",
+    absent: Mapping[str, Any] | None = None,
+) -> pa.Table:
     if fmt == "parquet":
         if columns is not None:
             present = set(pq.read_schema(path).names)
             columns = [c for c in columns if c in present]
         return pq.read_table(path, columns=columns)
     if fmt == "jsonl":
-        table = pj.read_json(path)
+        table = _absent_lines(pj.read_json(path), absent)
     else:
         table = pcsv.read_csv(path, convert_options=_csv_options(key))
     if columns is not None:
@@ -135,8 +141,10 @@ def iter_metadata_batches(
     format: str | None = None,
     columns: Sequence[str] | None = None,
     key: str | None = "key",
+    absent: Mapping[str, Any] | None = None,
 ) -> Iterator[pa.Table]:
-    """Tables of at most ``batch_rows`` rows, in input order, with bounded memory.
+    """Tables of at most ``batch_rows`` rows, in input order, with bounded memory (``absent``:
+    as for :func:`read_metadata`).
 
     Parquet is read a record batch at a time and CSV through Arrow's streaming reader; a JSONL
     file is read whole (split large JSONL inputs into part files). A CSV's ``key`` column is
@@ -165,7 +173,7 @@ def iter_metadata_batches(
                 if pending:
                     yield pa.Table.from_batches(pending)
             else:
-                table = _read_one(path, fmt, columns, key)
+                table = _read_one(path, fmt, columns, key, absent)
                 for start in range(0, table.num_rows, batch_rows):
                     yield table.slice(start, batch_rows)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
@@ -190,7 +198,8 @@ def read_metadata(
         key: the key column, read from a CSV as text (so ``001`` stays ``"001"``).
         absent: values for columns a part file lacks while others have them (e.g.
             :meth:`TokenSpec.absent_as_zero`): the part then reads as it does alone, where an
-            absent optional column counts 0, instead of as nulls.
+            absent optional column counts 0, instead of as nulls. In JSONL, a line without the
+            field (null to Arrow's reader) counts as absent too.
 
     Returns:
         One table, parts concatenated in order (schemas unified; a part missing a column
@@ -201,7 +210,7 @@ def read_metadata(
     for p in paths:
         fmt = _format_of(p, format)
         try:
-            tables.append(_read_one(p, fmt, columns, key))
+            tables.append(_read_one(p, fmt, columns, key, absent))
         except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
             hint = " (JSON metadata must be one object per line)" if fmt == "jsonl" else ""
             raise ConfigError(f"cannot read {str(p)!r} as {fmt}{hint}: {exc}") from None
@@ -211,6 +220,20 @@ def read_metadata(
         names = {n for t in tables for n in t.column_names}
         tables = [_fill_absent(t, names, absent) for t in tables]
     return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _absent_lines(table: pa.Table, absent: Mapping[str, Any] | None) -> pa.Table:
+    """A JSONL line that leaves a field out reads as null (Arrow's reader cannot tell it from an
+    explicit null); for the columns in ``absent`` it counts as absent, as in a Parquet part
+    without the column, so a field that first appears on a late line does not refuse the lines
+    before it."""
+    for name, value in (absent or {}).items():
+        if name in table.column_names and table.column(name).null_count:
+            column = table.column(name)
+            table = table.set_column(
+                table.schema.get_field_index(name), name, column.fill_null(pa.scalar(value, column.type))
+            )
+    return table
 
 
 def _fill_absent(table: pa.Table, names: set[str], absent: Mapping[str, Any]) -> pa.Table:

@@ -1,0 +1,241 @@
+"""The CLI's error path (NOTE [ CLI error path ]): a careless or hostile user's input ends as one
+line on stderr with exit status 2 (usage) or 1 (data), never a traceback; no file that was there
+before changes, and every sample is counted or named."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tokenbucket import TokenSpec, breakdown_table, read_metadata
+from tokenbucket.cli.main import main
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``main(argv)`` as the shell sees it: the exit status (argparse's exit included), stdout, stderr."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's usage errors
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_line_error(err: str, *names: str) -> str:
+    """The single stderr line of a refused command, checked to name each of ``names``."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err
+    assert len(lines) == 1 or (len(lines) == 2 and lines[0].startswith("usage:")), err
+    for name in names:
+        assert name in lines[-1], (name, lines[-1])
+    return lines[-1]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def rows(n: int, **extra: list[object]) -> pa.Table:
+    data: dict[str, list[object]] = {
+        "key": [f"s{i:03d}" for i in range(n)],
+        "cameras": [1] * n,
+        "frames": [1] * n,
+        "height": [224] * n,
+        "width": [224] * n,
+    }
+    data.update(extra)
+    return pa.table(data)
+
+
+# -- keys that are not text --------------------------------------------------------------------
+
+
+def bad_utf8_jsonl(path: Path) -> Path:
+    lines = [json.dumps({"key": f"s{i}", "cameras": 1, "frames": 1, "height": 224, "width": 224}) for i in range(5)]
+    data = "\n".join(lines).encode().replace(b'"s2"', b'"s\xff2"') + b"\n"
+    path.write_bytes(data)
+    return path
+
+
+def bad_utf8_parquet(path: Path) -> Path:
+    keys = pa.array([b"s0", b"s\xff1", b"s2"], pa.binary()).view(pa.string())  # a writer that did not check
+    pq.write_table(rows(3).set_column(0, "key", keys), path)
+    return path
+
+
+@pytest.mark.parametrize("make", [bad_utf8_jsonl, bad_utf8_parquet], ids=["jsonl", "parquet"])
+def test_cli_key_that_is_not_utf8_is_named_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: object
+) -> None:
+    path = make(tmp_path / ("m.jsonl" if make is bad_utf8_jsonl else "m.parquet"))  # type: ignore[operator]
+    before = snapshot(tmp_path)
+    code, out, err = cli(capsys, "tokens", str(path), "--patch", "14")
+    line = one_line_error(err, "column 'key' should be valid UTF-8 text", "\\xff")
+    assert code == 1 and out == "" and "row " in line
+    # rejected, it is one named row and the others all count
+    result = breakdown_table(read_metadata(path), TokenSpec(patch=14), on_invalid="reject")
+    assert result.rejected.num_rows == 1 and result.table.num_rows + 1 == read_metadata(path).num_rows
+    assert result.rejected.column("value")[0].as_py().startswith("b's\\xff")
+    assert snapshot(tmp_path) == before
+
+
+# -- numbers that are no numbers ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "lots"])
+@pytest.mark.parametrize("flag", ["--budget-gib", "--mlp-ratio"])
+def test_cli_cost_refuses_a_flag_that_is_not_a_finite_number(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    extra = [] if flag == "--budget-gib" else ["--budget-gib", "10"]
+    code, out, err = cli(capsys, "cost", "--batch", "1", "--length", "64", f"{flag}={value}", *extra)
+    one_line_error(err, f"argument {flag}", repr(value))
+    assert code == 2 and out == ""
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_cli_plan_refuses_a_budget_that_is_not_finite_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    pq.write_table(rows(10), tmp_path / "m.parquet")
+    before = snapshot(tmp_path)
+    code, _, err = cli(
+        capsys, "plan", str(tmp_path / "m.parquet"), "--budget-gib", value, "--out", str(tmp_path / "o.parquet")
+    )
+    one_line_error(err, "argument --budget-gib")
+    assert code == 2 and snapshot(tmp_path) == before
+
+
+# -- files that are not what they say -----------------------------------------------------------
+
+
+def test_cli_zero_byte_parquet_is_one_line_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "m.parquet").write_bytes(b"")
+    code, out, err = cli(capsys, "tokens", str(tmp_path / "m.parquet"))
+    one_line_error(err, "m.parquet", "0 bytes")
+    assert code == 1 and out == "" and (tmp_path / "m.parquet").read_bytes() == b""
+
+
+def test_cli_text_file_named_parquet_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "m.parquet").write_text("key,cameras\na,1\n")
+    code, _, err = cli(capsys, "tokens", str(tmp_path / "m.parquet"))
+    one_line_error(err, "m.parquet")
+    assert code == 1
+
+
+def test_cli_missing_metadata_and_empty_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = cli(capsys, "tokens", str(tmp_path / "nope.parquet"))
+    one_line_error(err, "nope.parquet", "does not exist")
+    assert code == 1
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "notes.txt").write_text("not metadata")
+    code, _, err = cli(capsys, "tokens", str(tmp_path / "d"))
+    one_line_error(err, "holds no")
+    assert code == 1 and (tmp_path / "d" / "notes.txt").read_text() == "not metadata"
+
+
+def test_cli_jsonl_that_is_one_json_array_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps([{"key": "a", "cameras": 1, "frames": 1, "height": 224, "width": 224}]))
+    code, _, err = cli(capsys, "tokens", str(path))
+    one_line_error(err, "m.jsonl", "one object per line")
+    assert code == 1
+
+
+def test_cli_config_that_is_missing_or_not_toml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sample = '{"cameras": 1, "frames": 1, "height": 224, "width": 224}'
+    code, _, err = cli(capsys, "tokens", "--sample", sample, "--config", str(tmp_path / "nope.toml"))
+    one_line_error(err, "nope.toml", "does not exist")
+    assert code == 1
+    (tmp_path / "bad.toml").write_text("[tokens\npatch = 14\n")
+    code, _, err = cli(capsys, "tokens", "--sample", sample, "--config", str(tmp_path / "bad.toml"))
+    one_line_error(err, "bad.toml", "not valid TOML")
+    assert code == 1
+
+
+def test_cli_sample_file_that_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = cli(capsys, "tokens", "--sample", f"@{tmp_path / 'nope.json'}")
+    one_line_error(err, "--sample file", "nope.json")
+    assert code == 1
+
+
+def test_cli_a_value_of_the_wrong_type_names_row_key_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "m.jsonl"
+    lines = [{"key": f"s{i}", "cameras": 1, "frames": 1, "height": 224, "width": 224} for i in range(4)]
+    lines[3]["cameras"] = "two"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    code, _, err = cli(capsys, "tokens", str(path))
+    one_line_error(err, "cameras")
+    assert code == 1
+
+
+# -- usage ------------------------------------------------------------------------------------------
+
+
+def test_cli_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pq.write_table(rows(3), tmp_path / "m.parquet")
+    for argv in (
+        ["tokens"],  # neither METADATA nor --sample
+        ["tokens", str(tmp_path / "m.parquet"), "--sample", "{}"],  # both
+        ["tokens", "--sample", "{}", "--resize", "fixed"],  # fixed needs --fixed-size
+        ["frobnicate"],  # no such verb
+        ["cost", "--batch", "one", "--length", "8"],  # not an int
+    ):
+        code, out, err = cli(capsys, *argv)
+        one_line_error(err)
+        assert code == 2 and out == "", argv
+
+
+# -- what the input holds, all of it -----------------------------------------------------------------
+
+
+def test_jsonl_optional_field_first_seen_late_counts_the_earlier_lines_as_absent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "m.jsonl"
+    lines = [{"key": f"s{i}", "cameras": 1, "frames": 1, "height": 224, "width": 224} for i in range(50)]
+    lines[49]["text_tokens"] = 7  # Arrow's reader fills the 49 lines before with nulls
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    code, out, err = cli(capsys, "tokens", str(path), "--patch", "14", "--json")
+    assert code == 0 and err == ""
+    report = json.loads(out)
+    assert report["count"] == 50 and report["rejected"] == 0
+    assert report["tokens"] == 50 * 256 + 7
+
+
+def test_jsonl_explicit_null_in_a_required_column_is_still_refused(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    lines = [{"key": f"s{i}", "cameras": 1, "frames": 1, "height": 224, "width": 224} for i in range(3)]
+    lines[1]["height"] = None
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    spec = TokenSpec(patch=14)
+    result = breakdown_table(read_metadata(path, absent=spec.absent_as_zero()), spec, on_invalid="reject")
+    assert result.rejected.column("key").to_pylist() == ["s1"] and result.table.num_rows == 2
+
+
+# -- a reader that stops reading -----------------------------------------------------------------------
+
+
+def test_cli_closed_pipe_ends_quietly_like_a_unix_tool() -> None:
+    # `tokenbucket gpus | head -0`: the reader is gone before the first line is written
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from tokenbucket.cli.main import main; sys.exit(main(['gpus']))"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "0"},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    code = proc.wait(timeout=60)
+    assert code == 141 and err == ""
