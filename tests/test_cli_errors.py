@@ -239,3 +239,34 @@ def test_cli_closed_pipe_ends_quietly_like_a_unix_tool() -> None:
         err = proc.stderr.read().decode()
     code = proc.wait(timeout=60)
     assert code == 141 and err == ""
+
+
+# -- the demo and the profiler ------------------------------------------------------------------------
+
+
+def test_cli_demo_never_writes_into_a_folder_of_the_users(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mine = tmp_path / "results"
+    mine.mkdir()
+    (mine / "run.jsonl").write_text('{"event": "mine"}\n')  # a name the demo writes too
+    (mine / "metadata.parquet").write_bytes(b"not the demo's")
+    before = snapshot(mine)
+    code, out, err = cli(capsys, "demo", "--out", str(mine), "--samples", "50")
+    one_line_error(err, "--out", "results", "did not write")
+    assert code == 2 and out == "" and snapshot(mine) == before
+    (tmp_path / "f").write_text("a file")
+    code, _, err = cli(capsys, "demo", "--out", str(tmp_path / "f"), "--samples", "50")
+    one_line_error(err, "is a file")
+    assert code == 2 and (tmp_path / "f").read_text() == "a file"
+
+
+@pytest.mark.parametrize("samples", ["0", "-5", "many"])
+def test_cli_demo_refuses_a_sample_count_below_one(capsys: pytest.CaptureFixture[str], samples: str) -> None:
+    code, _, err = cli(capsys, "demo", f"--samples={samples}", "--out", "unused")
+    one_line_error(err, "argument --samples")
+    assert code == 2 and not Path("unused").exists()
+
+
+def test_cli_profile_factory_that_builds_no_module(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = cli(capsys, "profile", "os:getcwd", "--batch", "1", "--length", "8")
+    one_line_error(err, "os:getcwd returned str, not a torch.nn.Module")
+    assert code == 1

@@ -144,6 +144,17 @@ def finite_float(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"should be an integer, but got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"should be at least 1, but got {text!r}")
+    return value
+
+
 def _budget(args: argparse.Namespace) -> int | None:
     if args.budget_gib is not None:
         if args.budget_gib <= 0:

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tokenbucket._exceptions import ConfigError
-from tokenbucket.cli._common import _gib, _histogram, _print_plan, _print_summary
+from tokenbucket._exceptions import ConfigError, UsageError
+from tokenbucket.cli._common import _gib, _histogram, _print_plan, _print_summary, positive_int
 from tokenbucket.cost.gpus import gpu_budget_bytes
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.model import ModelSpec
@@ -46,13 +46,12 @@ HIDDEN = 32
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="tokenbucket-demo", help="directory for the demo's files")
-    parser.add_argument("--samples", type=int, default=200_000, help="number of samples")
+    parser.add_argument("--samples", type=positive_int, default=200_000, help="number of samples")
     parser.add_argument("--seed", type=int, default=0)
 
 
 def run(args: argparse.Namespace) -> int:
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = _claim(Path(args.out))
     path = out_dir / "metadata.parquet"
     print(f"1. writing {args.samples:,} samples of mixture A (multi-camera, seed {args.seed}) to {path}")
     # NOTE [ Mixture A ]: the long-tailed reference workload
@@ -125,6 +124,24 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:  # matplotlib is the optional `plot` extra
         print(f"   no plots: {exc}")
     return 0
+
+
+DEMO_MARKER = ".tokenbucket-demo"
+
+
+def _claim(out_dir: Path) -> Path:
+    """``out_dir``, made the demo's: a new or empty directory gets a marker file, and a directory
+    with files in it is used only if it has the marker (the demo overwrites its own files there,
+    never a user's)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {str(out_dir)!r} is a file; the demo writes a directory of files")
+    if out_dir.is_dir() and not (out_dir / DEMO_MARKER).exists() and any(out_dir.iterdir()):
+        raise UsageError(
+            f"--out {str(out_dir)!r} already holds files the demo did not write; give a new or empty directory"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / DEMO_MARKER).write_text("written by `tokenbucket demo`: the files here are the demo's own\n")
+    return out_dir
 
 
 def train_under_monitor(

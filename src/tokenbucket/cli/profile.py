@@ -60,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
         pass
 
     def build() -> torch.nn.Module:
-        module: torch.nn.Module = factory(spec=model) if takes_spec else factory()
+        module = factory(spec=model) if takes_spec else factory()
+        if not isinstance(module, torch.nn.Module):
+            raise ConfigError(f"{args.factory} returned {type(module).__name__}, not a torch.nn.Module")
         return module
 
     dtype = torch.bfloat16 if model.precision == "bf16" else torch.float32
