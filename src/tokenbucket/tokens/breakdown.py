@@ -405,12 +405,14 @@ def breakdown_table(
         counts[name] = checked[rule.column] * rule.tokens_per_unit
 
     total = vision.copy()
-    approx = vision.astype(np.float64)  # NOTE [ Value bounds ]: a sum that cannot wrap
     for values in counts.values():
         total += values
-        approx += values.astype(np.float64)
-    over = np.flatnonzero(approx >= V.MAX_TOTAL)
-    if len(over):
+    # NOTE [ Value bounds ]: the largest of each part bound the sum (Python ints: no wrap); only
+    # when that bound is past MAX_TOTAL is the sum redone in float64, which cannot wrap
+    parts = [vision, *counts.values()]
+    if sum(int(a.max(initial=0)) for a in parts) >= V.MAX_TOTAL:
+        approx = np.sum([a.astype(np.float64) for a in parts], axis=0)
+        over = np.flatnonzero(approx >= V.MAX_TOTAL)
         problems.add(over, _P_TOTAL, V.R_TOO_MANY_TOKENS, "total", lambda i: int(approx[over[i]]))
         total[over] = V.MAX_TOTAL
     if min_total > 0:
