@@ -518,15 +518,6 @@ def test_jsonl_lines_stay_valid_when_the_process_is_killed(tmp_path: Path) -> No
     assert [e["step"] for e in parsed[1:]] == list(range(len(parsed) - 1))  # in order, none missing
 
 
-def test_jsonl_sink_reopening_trims_a_cut_last_line(tmp_path: Path) -> None:
-    path = tmp_path / "run.jsonl"
-    path.write_text('{"event":"step","step":0}\n{"event":"st')
-    sink = JsonlSink(path)
-    sink({"event": "resume", "time": 0.0})
-    sink.close()
-    assert [json.loads(line)["event"] for line in path.read_text().splitlines()] == ["step", "resume"]
-
-
 def test_logging_tensorboard_and_callable_sinks(caplog: pytest.LogCaptureFixture) -> None:
     data = setup()
 

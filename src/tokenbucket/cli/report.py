@@ -1,15 +1,21 @@
 """``tokenbucket report``: per-bucket latency, memory and risk of a training run's JSONL log.
 
 tokenbucket report RUN.jsonl [--json] [--out DIR]
+
+A log with no step events is an error (there is nothing to report); lines a killed run cut short
+are skipped, each with a warning on stderr. ``--out`` replaces only report files an earlier
+report wrote (NOTE [ Report folder ] in :mod:`tokenbucket.monitor.report`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from tokenbucket.monitor.report import read_events, write_report
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.monitor.report import check_report_dir, read_events, write_report
 from tokenbucket.monitor.stats import format_summary, summarize_events
 
 __all__ = ["add_arguments", "run"]
@@ -18,20 +24,44 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=Path, help="the monitor's RUN.jsonl")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--out", type=Path, help="also write four PNG plots and a self-contained report.html here")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="also write four PNG plots and a self-contained report.html here (a new folder, or an earlier report's)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        check_report_dir(args.out, name="--out")  # before any work, and before anything is printed
     log = read_events(args.run)
+    if not log.of("step"):
+        raise ConfigError(
+            f"run log {str(args.run)!r} holds no step events ({len(log.events)} events of other types): "
+            "nothing to report"
+        )
+    for line in log.skipped_lines:
+        print(
+            f"tokenbucket report: warning: run log {str(args.run)!r} line {line} was cut short "
+            "(killed run?) and was skipped",
+            file=sys.stderr,
+        )
     rows = summarize_events(log.events)
     counts = log.counts()
     if args.json:
-        print(json.dumps({"buckets": rows, "events": counts, "partial_last_line": log.partial_last_line}))
+        print(
+            json.dumps(
+                {
+                    "buckets": rows,
+                    "events": counts,
+                    "partial_last_line": log.partial_last_line,
+                    "skipped_lines": list(log.skipped_lines),
+                }
+            )
+        )
     else:
         print(format_summary(rows))
         print(f"events: {len(log.of('step')):,} steps, " + ", ".join(f"{k} {n:,}" for k, n in counts.items()))
-        if log.partial_last_line:
-            print(f"note: the last line of {args.run} was cut short (killed run?) and was skipped")
     if args.out is not None:
         files = write_report(log, args.out)
         if not args.json:

@@ -44,7 +44,8 @@ from typing import Any, Literal, Protocol
 import torch
 
 from tokenbucket._exceptions import ConfigError, OOMRiskWarning, PlanDriftWarning, StateError
-from tokenbucket.monitor.sinks import JsonlSink
+from tokenbucket.monitor.report import _is_cut
+from tokenbucket.monitor.sinks import JsonlSink, append_line
 from tokenbucket.monitor.stats import RunStats
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.bucket_plan import BucketPlan
@@ -137,8 +138,24 @@ def split_batch(
 def read_replay(path: str | Path) -> list[dict[str, Any]]:
     """The replay file's records (``keys``, ``indices``, ``bucket``, ``step``, ``reason``): the samples a
     guard did not train, to run again (e.g. ``torch.utils.data.Subset(dataset, indices)``)."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    out = []
+    try:
+        lines = Path(path).read_bytes().decode("utf-8", "replace").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read replay file {str(path)!r}: {exc}") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            if _is_cut(line.strip()):  # a killed run's last write (NOTE [ Cut lines ]): nothing to replay
+                continue
+            raise ConfigError(f"replay file {str(path)!r} line {number} is not a JSON record: {exc}") from None
+        if not isinstance(record, dict):
+            raise ConfigError(f"replay file {str(path)!r} line {number} should be a JSON object, but got {line!r}")
+        out.append(record)
+    return out
 
 
 # -- the monitor -------------------------------------------------------------------------------
@@ -482,20 +499,19 @@ class BucketMonitor:
         }
         if policy == "skip":
             assert self.replay_path is not None
-            self.replay_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.replay_path, "a", encoding="utf-8") as f:
-                f.write(
-                    json.dumps(
-                        {
-                            "keys": list(info.keys),
-                            "indices": list(info.indices),
-                            "bucket": info.bucket,
-                            "step": self.step_count,
-                            "reason": "oom",
-                        }
-                    )
-                    + "\n"
-                )
+            # NOTE [ Appending never truncates ]: a cut last record stays, on its own line
+            append_line(
+                self.replay_path,
+                json.dumps(
+                    {
+                        "keys": list(info.keys),
+                        "indices": list(info.indices),
+                        "bucket": info.bucket,
+                        "step": self.step_count,
+                        "reason": "oom",
+                    }
+                ),
+            )
             event["replay"] = str(self.replay_path)
         self._emit(event)
 

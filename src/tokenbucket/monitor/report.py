@@ -5,34 +5,41 @@
 
 Each line of the log is one JSON object with an ``event`` field (``start``, ``step``, ``risk``,
 ``oom``, ``drift``, ``adapt``, ``summary``); events of other types are kept but ignored, so an
-older reader can read a newer monitor's log.
+older reader can read a newer monitor's log. The fields the report reads are checked as each
+line is read (NOTE [ Event fields ] in :mod:`tokenbucket.monitor.stats`).
 
 Example:
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     path = Path(tmp) / "run.jsonl"
-    ...     _ = path.write_text('{"event": "oom", "time": 0.5, "step": 3}\\n{"event": "st')
+    ...     _ = path.write_text('{"event": "oom", "time": 0.5, "step": 3, "bucket": 0}\\n{"event": "st')
     ...     log = read_events(path)
-    >>> len(log.events), log.partial_last_line, log.counts()
-    (1, True, {'risk': 0, 'oom': 1, 'drift': 0, 'adapt': 0})
+    >>> len(log.events), log.partial_last_line, log.skipped_lines, log.counts()
+    (1, True, (2,), {'risk': 0, 'oom': 1, 'drift': 0, 'adapt': 0})
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import io
 import json
+import os
+import re
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.monitor.stats import summarize_events
+from tokenbucket.monitor.stats import event_problem, summarize_events
 
-__all__ = ["COUNTED_EVENTS", "ReportFiles", "RunLog", "read_events", "write_report"]
+__all__ = ["COUNTED_EVENTS", "REPORT_FILES", "ReportFiles", "RunLog", "check_report_dir", "read_events", "write_report"]
 
 COUNTED_EVENTS = ("risk", "oom", "drift", "adapt")
+# what write_report writes into its folder, and nothing else (NOTE [ Report folder ])
+REPORT_FILES = ("latency.png", "memory.png", "risk.png", "throughput.png", "report.html")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,12 +49,15 @@ class RunLog:
     Attributes:
         events: one dict per line, unknown event types included.
         path: the file they were read from.
-        partial_last_line: the last line was not a whole event (the run was killed mid-write) and was skipped.
+        partial_last_line: the last line was cut short (the run was killed mid-write) and was skipped.
+        skipped_lines: the 1-based numbers of every line cut short and skipped (NOTE [ Cut lines ]):
+            the last one, and any a resumed run's sink closed with a newline before appending.
     """
 
     events: list[dict[str, Any]]
     path: Path
     partial_last_line: bool
+    skipped_lines: tuple[int, ...] = ()
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         """The events whose ``event`` is ``kind``."""
@@ -78,52 +88,108 @@ class ReportFiles:
         return self.latency, self.memory, self.risk, self.throughput
 
 
-def _parse(raw: bytes) -> dict[str, Any] | str:
-    """The event on one line, or why it is not one."""
+# NOTE [ Cut lines ]
+# A killed run can leave its last line half written: the start of a JSON object, cut anywhere,
+# even inside a UTF-8 character. A resumed run's sink ends that line with a newline rather than
+# cutting it off (NOTE [ Appending never truncates ] in sinks.py), so such a line can also sit
+# before the resumed run's events. A line that is the start of a JSON object cut short is skipped
+# and its number kept in RunLog.skipped_lines, wherever it is; any other line that is not an
+# event (not UTF-8, not JSON, JSON but not an object with a string "event", or an object with
+# more after it) is a corrupt file, and an error naming the line.
+_DECODER = json.JSONDecoder()
+_LITERALS = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
+_NUMBER_START = re.compile(r"-?\d*(?:\.\d*)?(?:[eE][-+]?\d*)?\Z")
+_ESCAPE_START = re.compile(r"u[0-9a-fA-F]{0,3}\Z")
+
+
+def _is_cut(text: str) -> bool:
+    """Whether ``text`` is the start of a JSON object cut short (NOTE [ Cut lines ]).
+
+    Example:
+        >>> _is_cut('{"event": "step", "lat'), _is_cut('{"event": "step", "step": 1'), _is_cut('{"step": oops}')
+        (True, True, False)
+    """
+    if not text.startswith("{"):
+        return False
     try:
-        event = json.loads(raw)
-    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError from a cut multi-byte character
-        return str(exc)
+        _DECODER.raw_decode(text)
+    except json.JSONDecodeError as exc:
+        rest = text[exc.pos :]
+        if exc.msg.startswith("Unterminated string"):
+            return True
+        if exc.msg.startswith("Invalid \\uXXXX escape"):
+            return _ESCAPE_START.match(rest) is not None
+        # what is left is the start of a value the cut ended inside (or nothing)
+        return _NUMBER_START.match(rest) is not None or any(lit.startswith(rest) for lit in _LITERALS)
+    except (ValueError, RecursionError):  # a number past int's digit limit, nesting past the stack
+        return False
+    return False  # a whole object, with more after it
+
+
+def _parse(line: bytes) -> dict[str, Any] | tuple[str, bool]:
+    """The event on one (stripped) line, or why it is not one and whether it was cut short."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.reason != "unexpected end of data" or exc.end != len(line):
+            return f"not UTF-8 text: byte 0x{line[exc.start]:02x} at column {exc.start + 1}", False
+        # NOTE [ Cut lines ]: a character cut in two at the very end
+        return "cut short inside a character", _is_cut(line[: exc.start].decode("utf-8"))
+    try:
+        event = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return (str(exc) or type(exc).__name__), _is_cut(text)
     if not isinstance(event, dict) or not isinstance(event.get("event"), str):
-        return 'expected a JSON object with a string "event" field'
+        return 'expected a JSON object with a string "event" field', False
     return event
 
 
-def read_events(path: str | Path) -> RunLog:
-    """Read a run log line by line.
+def read_events(path: str | os.PathLike[str]) -> RunLog:
+    """Read a run log line by line, checking each event's fields.
 
-    NOTE [ Partial last line ]
-    A killed run can leave its last line half written, so a bad last line is skipped and
-    flagged in :attr:`RunLog.partial_last_line`. A bad line followed by more events is not
-    a crash artefact but a corrupt file, and is an error.
+    Lines cut short by a killed run are skipped (NOTE [ Cut lines ]); blank lines are ignored.
 
     Raises:
-        ConfigError: the file does not exist, or a line other than the last is not an event.
+        ConfigError: the file does not exist, is a folder or cannot be read; a line is not an
+            event and was not cut short; an event lacks a field the report needs or holds a wrong
+            value there (NOTE [ Event fields ]). The message names the file and the line.
     """
     path = Path(path)
+    where = f"run log {str(path)!r}"
     events: list[dict[str, Any]] = []
-    bad: tuple[int, bytes, str] | None = None  # (line number, text, reason) of the latest bad line
+    skipped: list[int] = []
+    last = 0  # the number of the last line that is not blank
     try:
-        with path.open("rb") as f:  # bytes: a cut-off last line may end inside a UTF-8 character
-            # NOTE [ Partial last line ]: only the last line may be cut short
+        with path.open("rb") as f:  # bytes: a cut-off line may end inside a UTF-8 character
             for number, raw in enumerate(f, start=1):
-                if not raw.strip():
+                line = raw.strip()
+                if not line:
                     continue
-                if bad is not None:
-                    line, text, reason = bad
-                    excerpt = text.strip()[:60].decode("utf-8", "replace")
-                    raise ConfigError(
-                        f"run log {str(path)!r} line {line} is not an event ({reason}), but got "
-                        f"{excerpt!r}; only the last line may be cut short"
-                    )
-                parsed = _parse(raw)
-                if isinstance(parsed, str):
-                    bad = (number, raw, parsed)
-                else:
+                last = number
+                parsed = _parse(line)
+                if isinstance(parsed, dict):
+                    problem = event_problem(parsed)
+                    if problem is not None:
+                        raise ConfigError(f"{where} line {number}: {problem}")
                     events.append(parsed)
+                    continue
+                reason, cut = parsed
+                if not cut:
+                    excerpt = line[:60].decode("utf-8", "replace")
+                    raise ConfigError(f"{where} line {number} is not a monitor event ({reason}), but got {excerpt!r}")
+                skipped.append(number)
     except FileNotFoundError:
-        raise ConfigError(f"run log {str(path)!r} does not exist") from None
-    return RunLog(events=events, path=path, partial_last_line=bad is not None)
+        raise ConfigError(f"{where} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{where} is a folder, not a file: give the monitor's JSONL log") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {where}: {exc.strerror or exc}") from None
+    return RunLog(
+        events=events,
+        path=path,
+        partial_last_line=bool(skipped) and skipped[-1] == last,
+        skipped_lines=tuple(skipped),
+    )
 
 
 def _by_bucket(steps: list[dict[str, Any]], key: str) -> dict[Any, list[float]]:
@@ -150,11 +216,11 @@ def pyplot() -> Any:
     return plt
 
 
-def _plots(log: RunLog, rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path, Path, Path, Path]:
+def _plots(log: RunLog, rows: list[dict[str, Any]]) -> list[bytes]:
+    """The four plots as PNG files' bytes, in :data:`REPORT_FILES` order."""
     plt = pyplot()
     steps, gib = log.of("step"), 2.0**30
-    paths = (out_dir / "latency.png", out_dir / "memory.png", out_dir / "risk.png", out_dir / "throughput.png")
-    figs = [plt.subplots(figsize=(7, 4)) for _ in paths]
+    figs = [plt.subplots(figsize=(7, 4)) for _ in range(4)]
 
     ax = figs[0][1]
     latency = _by_bucket(steps, "latency_s")
@@ -186,7 +252,7 @@ def _plots(log: RunLog, rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path
         ax.scatter(xs, ys, s=8, label=f"bucket {bucket}")
     if log.start().get("risk_threshold") is not None:
         ax.axhline(log.start()["risk_threshold"], color="#c44e52", lw=1, ls="--", label="risk threshold")
-    for i, oom in enumerate(e for e in log.of("oom") if "step" in e):
+    for i, oom in enumerate(e for e in log.of("oom") if e.get("step") is not None):
         ax.axvline(oom["step"], color="black", lw=1, alpha=0.6, label="oom" if i == 0 else None)
     ax.set(xlabel="step", ylabel="risk (predicted / budget)", title="risk per step")
     if ax.get_legend_handles_labels()[0]:
@@ -197,11 +263,82 @@ def _plots(log: RunLog, rows: list[dict[str, Any]], out_dir: Path) -> tuple[Path
     ax.bar([str(r["bucket"]) for r in tps], [r["tokens_per_s"] for r in tps], color="#55a868")
     ax.set(xlabel="bucket", ylabel="real tokens/s", title="real (unpadded) tokens per second per bucket")
 
-    for (fig, _), path in zip(figs, paths, strict=True):
+    out = []
+    for fig, _ in figs:
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        buffer = io.BytesIO()
+        # NOTE [ Report folder ]: the mark that lets a later report replace this file
+        fig.savefig(buffer, format="png", dpi=100, metadata={"Software": _GENERATOR})
         plt.close(fig)
-    return paths
+        out.append(buffer.getvalue())
+    return out
+
+
+# NOTE [ Report folder ]
+# write_report writes REPORT_FILES and nothing else into its folder, and replaces one of them only
+# when it wrote it: a PNG whose "Software" text chunk or a page whose generator meta tag says
+# _GENERATOR. Any other file of those names (a user's plot, a link, a folder, an unreadable file)
+# stops the report before anything is written, naming the file; the fix is another folder. Each
+# file is written under a fresh temporary name and renamed over its old self, so a failure
+# leaves the earlier report's file whole and a hard link to it untouched.
+_GENERATOR = "tokenbucket report"
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_PNG_MARK = b"tEXtSoftware\x00" + _GENERATOR.encode()
+_HTML_MARK = f'<meta name="generator" content="{_GENERATOR}">'.encode()
+
+
+def _written_here(path: Path) -> bool:
+    """Whether ``path`` is a report file an earlier :func:`write_report` wrote (NOTE [ Report folder ])."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with path.open("rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    if path.suffix == ".png":
+        return head.startswith(_PNG_MAGIC) and _PNG_MARK in head
+    return head.startswith(b"<!doctype html>") and _HTML_MARK in head
+
+
+def check_report_dir(out_dir: str | os.PathLike[str], *, name: str = "report folder") -> Path:
+    """``out_dir`` as a Path, once sure :func:`write_report` may write there (NOTE [ Report folder ]).
+
+    Args:
+        out_dir: the folder; it need not exist.
+        name: what the messages call it (the command line passes ``"--out"``).
+
+    Raises:
+        ConfigError: ``out_dir`` (or a folder above it) is a file, or it holds a file of a
+            report file's name that :func:`write_report` did not write.
+    """
+    out_dir = Path(out_dir)
+    shown = f"{name} {str(out_dir)!r}"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"{shown} is a file, not a folder: give a new folder for the report")
+    above = next((p for p in out_dir.absolute().parents if p.exists()), None)
+    if not out_dir.exists() and above is not None and not above.is_dir():
+        raise ConfigError(f"{shown} cannot be made: {str(above)!r} is a file, not a folder")
+    foreign = [f for f in REPORT_FILES if os.path.lexists(out_dir / f) and not _written_here(out_dir / f)]
+    if foreign:
+        raise ConfigError(
+            f"{shown} already holds {', '.join(map(repr, foreign))}, which tokenbucket did not write; "
+            f"it is left as it is: give another {name} (a new folder)"
+        )
+    return out_dir
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` under a fresh temporary name, then rename it over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _heading(key: str) -> str:
@@ -224,33 +361,46 @@ def _cell(head: str, value: object) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 or isinstance(value, int) else f"{value:.4g}"
 
 
-def write_report(log: RunLog, out_dir: str | Path) -> ReportFiles:
+def write_report(log: RunLog, out_dir: str | os.PathLike[str]) -> ReportFiles:
     """Write four PNG plots and one self-contained ``report.html`` (plots inlined) into ``out_dir``.
 
+    The folder is made if missing; files there are replaced only if an earlier report wrote them
+    (NOTE [ Report folder ]).
+
     Raises:
-        ConfigError: matplotlib (the ``plot`` extra) is not installed.
+        ConfigError: ``out_dir`` cannot hold the report (see :func:`check_report_dir`), or
+            matplotlib (the ``plot`` extra) is not installed.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = check_report_dir(out_dir)
     rows = summarize_events(log.events)
-    pngs = _plots(log, rows, out_dir)
+    pngs = _plots(log, rows)
     heads = list(rows[0]) if rows else []
     table = "<tr>" + "".join(f"<th>{html.escape(_heading(h))}</th>" for h in heads) + "</tr>"
     table += "".join("<tr>" + "".join(f"<td>{_cell(h, r.get(h))}</td>" for h in heads) + "</tr>" for r in rows)
     counts = ", ".join(f"{kind} {n:,}" for kind, n in log.counts().items())
-    note = "<p><b>The last line was cut short (killed run?) and was skipped.</b></p>" if log.partial_last_line else ""
+    note = (
+        f"<p><b>Line(s) {', '.join(map(str, log.skipped_lines))} of the log were cut short (killed run?) "
+        "and were skipped.</b></p>"
+        if log.skipped_lines
+        else ""
+    )
     images = "".join(
-        f'<img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode("ascii")}">'
-        for p in pngs
+        f'<img alt="{Path(name).stem}" src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}">'
+        for name, data in zip(REPORT_FILES[:4], pngs, strict=True)
     )
     title = html.escape(f"tokenbucket report: {log.path.name}")
     page = (
-        f'<!doctype html><html><head><meta charset="utf-8"><title>{title}</title><style>'
+        f'<!doctype html><html><head><meta charset="utf-8">{_HTML_MARK.decode()}<title>{title}</title><style>'
         "body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
         "table{border-collapse:collapse}tr:nth-child(even){background:#f2f2f2}img{max-width:48%}"
         f"</style></head><body><h1>{title}</h1>{note}<table>{table}</table>"
         f"<p>events: {len(log.of('step')):,} steps, {counts}</p>{images}</body></html>\n"
     )
-    html_path = out_dir / "report.html"
-    html_path.write_text(page, encoding="utf-8")
-    return ReportFiles(latency=pngs[0], memory=pngs[1], risk=pngs[2], throughput=pngs[3], html=html_path)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot make report folder {str(out_dir)!r}: {exc.strerror or exc}") from None
+    paths = [out_dir / name for name in REPORT_FILES]
+    for path, data in zip(paths, [*pngs, page.encode("utf-8")], strict=True):
+        _replace(path, data)
+    return ReportFiles(latency=paths[0], memory=paths[1], risk=paths[2], throughput=paths[3], html=paths[4])

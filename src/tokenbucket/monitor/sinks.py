@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from tokenbucket._exceptions import ConfigError
 
-__all__ = ["JsonlSink", "LoggingSink", "ScalarWriter", "TensorBoardSink"]
+__all__ = ["JsonlSink", "LoggingSink", "ScalarWriter", "TensorBoardSink", "append_line", "open_appending"]
 
 # one encoder for every event: json.dumps(..., separators=...) would build a new one per call
 _ENCODE = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
@@ -34,18 +34,17 @@ class JsonlSink:
     logging a step costs a ``json.dumps`` and a list append, and a reader tailing the file, or a
     process killed between two flushes, sees whole lines only. What a kill loses is the unflushed
     steps (at most ``flush_seconds`` of them). A kill *inside* a large write can still cut its
-    last line at a page boundary; :func:`~tokenbucket.monitor.report.read_events` tolerates a cut last
-    line and reopening the file here trims it, so a resumed run appends to a valid file.
+    last line at a page boundary; reopening the file here ends that line (NOTE [ Appending never
+    truncates ]) and :func:`~tokenbucket.monitor.report.read_events` skips a cut line, so a
+    resumed run appends to a readable file.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, flush_lines: int = 512, flush_seconds: float = 1.0) -> None:
         if flush_lines < 1:
             raise ConfigError(f"flush_lines should be a positive integer, but got flush_lines={flush_lines}")
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.flush_lines, self.flush_seconds = flush_lines, flush_seconds
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        _trim_cut_line(self._fd)
+        self._fd: int | None = open_appending(self.path)
         self._lines: list[str] = []
         self._last = time.monotonic()
         atexit.register(self.close)
@@ -64,9 +63,7 @@ class JsonlSink:
             return
         data = "".join(self._lines).encode()
         self._lines.clear()
-        while data:
-            # NOTE [ Whole lines only ]: one write call per whole line
-            data = data[os.write(self._fd, data) :]
+        _write_all(self._fd, data)  # NOTE [ Whole lines only ]
         self._last = time.monotonic()
 
     def close(self) -> None:
@@ -77,15 +74,42 @@ class JsonlSink:
             atexit.unregister(self.close)
 
 
-def _trim_cut_line(fd: int) -> None:
-    size = os.fstat(fd).st_size
-    if not size:
-        return
-    tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))
-    if tail.endswith(b"\n"):
-        return
-    cut = tail.rfind(b"\n")
-    os.ftruncate(fd, size - len(tail) + cut + 1 if cut >= 0 else max(0, size - len(tail)))
+def open_appending(path: Path) -> int:
+    """A descriptor that appends to ``path`` (made, with its folder, if missing) at the start of a line.
+
+    NOTE [ Appending never truncates ]
+    A file whose last byte is not a newline (a killed writer's cut line, a whole record whose
+    newline was never written, a hand edit) gets one before anything is appended, so the next
+    record starts a line of its own. Nothing already in the file is removed: a whole record
+    stays a record, and a cut line stays a line, which the reader skips and names
+    (:func:`~tokenbucket.monitor.report.read_events`). Truncating back to the last newline
+    instead would lose that record, and with it the only event of a one-line file.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            _write_all(fd, b"\n")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` and a newline to ``path`` in one write (NOTE [ Appending never truncates ])."""
+    fd = open_appending(path)
+    try:
+        _write_all(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    # one write call for the whole data unless the OS takes less
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 class LoggingSink:

@@ -8,7 +8,66 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RunStats", "format_summary", "summarize_events"]
+from tokenbucket._exceptions import ConfigError
+
+__all__ = ["EVENT_FIELDS", "RunStats", "event_problem", "format_summary", "summarize_events"]
+
+# NOTE [ Event fields ]
+# The fields a run log's events must carry for the report: (name, kind, required) per event type.
+# A required field is one the monitor always writes a value for; an optional one may be absent or
+# null, and absent reads as null: ``measured_bytes`` and ``reserved_bytes`` are null in every run
+# without a memory reader (CPU), the oom ``step`` and the start ``risk_threshold`` only place
+# lines on the risk plot. Fields not listed (``time``, ``rows``, ``tokens_per_s``, ...) are not
+# read. ``count``: an integer >= 0; ``amount``: a finite number >= 0; both below 2**63.
+EVENT_FIELDS: dict[str, tuple[tuple[str, str, bool], ...]] = {
+    "step": (
+        ("step", "count", True),
+        ("bucket", "count", True),
+        ("latency_s", "amount", True),
+        ("real_tokens", "count", True),
+        ("padded_tokens", "count", True),
+        ("predicted_bytes", "amount", True),
+        ("risk", "amount", True),
+        ("measured_bytes", "amount", False),
+        ("reserved_bytes", "amount", False),
+    ),
+    "risk": (("bucket", "count", True),),
+    "oom": (("bucket", "count", True), ("step", "count", False)),
+    "start": (("risk_threshold", "amount", False),),
+}
+_LIMIT = 2**63
+
+
+def _fits(value: object, kind: str) -> bool:
+    # type() rather than isinstance(): a bool is no count; NaN and infinities fail the range
+    if type(value) is int:
+        return 0 <= value < _LIMIT
+    return type(value) is float and kind == "amount" and 0 <= value < _LIMIT
+
+
+def event_problem(event: Mapping[str, object]) -> str | None:
+    """What keeps ``event`` from being read (NOTE [ Event fields ]), in words, or ``None``.
+
+    Example:
+        >>> event_problem({"event": "oom", "step": 3})
+        "the oom event has no 'bucket' field (it needs bucket)"
+        >>> event_problem({"event": "step", "step": 0, "bucket": 1, "latency_s": 0.5, "real_tokens": 96,
+        ...                "padded_tokens": 128, "predicted_bytes": 2**20, "risk": 0.25}) is None  # CPU: no measured_bytes
+        True
+    """
+    kind = event.get("event")
+    fields = EVENT_FIELDS.get(kind, ()) if isinstance(kind, str) else ()
+    for name, value_kind, required in fields:
+        value = event.get(name)
+        if _fits(value, value_kind) or (value is None and not required):
+            continue
+        if name not in event:
+            needed = ", ".join(n for n, _, r in fields if r)
+            return f"the {kind} event has no {name!r} field (it needs {needed})"
+        what = "an integer >= 0" if value_kind == "count" else "a finite number >= 0"
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        return f"the {kind} event's {name!r} should be {what} below 2**63, but got {name}={shown}"
+    return None
 
 
 # NOTE [ Latency histogram ]
@@ -70,8 +129,8 @@ class RunStats:
                 event["real_tokens"],
                 event["padded_tokens"],
                 event["predicted_bytes"],
-                event["measured_bytes"],
-                event["reserved_bytes"],
+                event.get("measured_bytes"),  # NOTE [ Event fields ]: optional, absent reads as null
+                event.get("reserved_bytes"),
                 event["risk"],
             )
         elif kind == "oom":
@@ -107,8 +166,9 @@ class RunStats:
         if measured is not None:
             b.measured_peak = max(b.measured_peak or 0, measured)
             b.reserved_peak = max(b.reserved_peak or 0, reserved or 0)
-            ratio = measured / predicted
-            b.max_ratio = ratio if b.max_ratio is None else max(b.max_ratio, ratio)
+            if predicted > 0:  # a ratio to nothing predicted is no drift figure
+                ratio = measured / predicted
+                b.max_ratio = ratio if b.max_ratio is None else max(b.max_ratio, ratio)
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per bucket seen, by bucket (the keys :func:`format_summary` prints)."""
@@ -151,9 +211,17 @@ class RunStats:
 
 
 def summarize_events(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The per-bucket table of a run log's events (what ``tokenbucket report`` prints)."""
+    """The per-bucket table of a run log's events (what ``tokenbucket report`` prints).
+
+    Raises:
+        ConfigError: an event lacks a field the table needs, or holds a wrong value there
+            (NOTE [ Event fields ]); the message names the event by its 0-based position.
+    """
     stats = RunStats()
-    for event in events:
+    for i, event in enumerate(events):
+        problem = event_problem(event)
+        if problem is not None:
+            raise ConfigError(f"event {i}: {problem}")
         stats.add(event)
     return stats.rows()
 
