@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket._exceptions import OOMRiskError, OOMRiskWarning, PlanDriftWarning
 from tokenbucket.monitor.hooks import BucketMonitor, is_oom, read_replay, split_batch
-from tokenbucket.monitor.sinks import JsonlSink, LoggingSink, TensorBoardSink
+from tokenbucket.monitor.sinks import LoggingSink, TensorBoardSink
 from tokenbucket.monitor.stats import format_summary, summarize_events
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.testing import RandomTokens
