@@ -4,8 +4,12 @@ and 2 workers, rejects recorded, the shard index, and equal steps on gloo proces
 from __future__ import annotations
 
 import gc
+import gzip
+import io
 import json
+import re
 import socket
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +22,7 @@ import torch.multiprocessing as mp
 import webdataset as wds
 from torch.utils.data import DataLoader
 
-from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
+from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.stream.bucketer import read_rejected
 from tokenbucket.stream.dataset import StreamCollate
@@ -228,3 +232,175 @@ def test_wds_ddp_gloo_equal_steps_and_no_sample_on_two_ranks(tmp_path: Path, wor
     everything = [k for r in ranks for k in r["keys"]]
     assert len(everything) == len(set(everything))  # no sample on two ranks (or twice on one)
     assert sorted(everything) == sorted(made["keys"])  # and, with the index's count, none left out
+
+
+# --- bad shards (NOTE [ Bad shards ]): truncated, empty or foreign shards are errors that name the
+# shard and the byte, or, with on_bad_shard="skip", a counted and reported loss; never half a shard
+
+
+def tar_shard(path: Path, n: int = 4, seed: int = 7) -> list[tarfile.TarInfo]:
+    """A shard of ``n`` samples written with tarfile: ``<key>.json`` (valid metadata) then
+    ``<key>.bin`` (700 bytes) each; returns its members (header and data offsets)."""
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for r in mixture_a(n, seed=seed).to_pylist():
+            for ext, data in (("json", json.dumps(r).encode()), ("bin", bytes(range(256)) * 2 + bytes(188))):
+                info = tarfile.TarInfo(f"{r['key']}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    with tarfile.open(path) as tar:
+        return tar.getmembers()
+
+
+def snapshot(*paths: Path) -> dict[Path, tuple[bytes, int]]:
+    """Each file's bytes and mtime: the index only reads shards, whatever they hold."""
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in paths}
+
+
+def cut_shard(tmp_path: Path, where: str) -> tuple[Path, int, int, str]:
+    """A 4-sample shard cut at ``where``: its path, the cut byte, the samples whose metadata lies
+    whole before the cut, and what the error says about the cut."""
+    whole = tmp_path / "whole.tar"
+    members = tar_shard(whole)
+    end = members[-1].offset_data + 1024  # the last member's 700 bytes, padded to whole blocks
+    third_json, third_bin = members[4], members[5]
+    data = whole.read_bytes()
+    cut, samples, says = {
+        "inside a header": (third_json.offset + 100, 2, f"inside the tar header at byte {third_json.offset}"),
+        "at a header boundary": (third_json.offset, 2, f"after member {members[3].name!r}: no end-of-archive"),
+        "inside a member's data": (third_bin.offset_data + 300, 3, f"inside the data of member {third_bin.name!r}"),
+        "before the end blocks": (end, 4, f"after member {members[-1].name!r}: no end-of-archive"),
+        "between the end blocks": (end + 512, 4, f"inside the end-of-archive marker at byte {end}"),
+    }[where]
+    bad = tmp_path / "cut.tar"
+    bad.write_bytes(data[:cut])
+    return bad, cut, samples, says
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "inside a header",
+        "at a header boundary",
+        "inside a member's data",
+        "before the end blocks",
+        "between the end blocks",
+    ],
+)
+def test_wds_index_truncated_shard_names_shard_and_byte(tmp_path: Path, where: str) -> None:
+    bad, cut, samples, says = cut_shard(tmp_path, where)
+    before = snapshot(bad)
+    with pytest.raises(ConfigError) as info:
+        index_shards([bad], SPEC)
+    message = str(info.value)
+    assert message.startswith(f"cannot read shard {str(bad)!r}: truncated at byte {cut}")
+    assert says in message and f"({samples} samples read before that;" in message
+    assert "on_bad_shard='skip'" in message and "\n" not in message
+    assert snapshot(bad) == before
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "inside a header",
+        "at a header boundary",
+        "inside a member's data",
+        "before the end blocks",
+        "between the end blocks",
+    ],
+)
+def test_wds_index_truncated_shard_skipped_counts_its_samples(tmp_path: Path, where: str) -> None:
+    bad, cut, samples, _ = cut_shard(tmp_path, where)
+    before = snapshot(bad)
+    with pytest.warns(UserWarning, match=f"skipped shard {re.escape(repr(str(bad)))}: truncated at byte {cut}"):
+        index = index_shards([bad], SPEC, on_bad_shard="skip")
+    assert index.urls == () and index.samples == 0
+    assert [(b.url, b.offset, b.samples) for b in index.skipped] == [(str(bad), cut, samples)]
+    assert index.lost_samples == samples  # every metadata member read before the cut, counted
+    assert snapshot(bad) == before
+
+
+def test_wds_index_corrupt_header_mid_shard_is_an_error(tmp_path: Path) -> None:
+    url = tmp_path / "corrupt.tar"
+    members = tar_shard(url)
+    data = bytearray(url.read_bytes())
+    data[members[4].offset : members[4].offset + 512] = b"x" * 512  # the third sample's header
+    url.write_bytes(bytes(data))
+    before = snapshot(url)
+    with pytest.raises(ConfigError, match=rf"no valid tar header at byte {members[4].offset} .*\(2 samples read"):
+        index_shards([url], SPEC)
+    assert snapshot(url) == before
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"", "empty (0 bytes), not a tar archive"),
+        (b"key,cameras\na,2\n" * 100, "not a tar archive (no valid tar header at byte 0; it starts with b'key,"),
+        (gzip.compress(b"not a tar, only text\n" * 100), "not a tar archive (no valid tar header at byte 0"),
+    ],
+    ids=["0-byte", "text", "gzip text"],
+)
+def test_wds_index_foreign_shard_is_an_error(tmp_path: Path, content: bytes, says: str) -> None:
+    url = tmp_path / "foreign.tar"
+    url.write_bytes(content)
+    before = snapshot(url)
+    with pytest.raises(ConfigError) as info:
+        index_shards([url], SPEC)
+    assert str(info.value).startswith(f"cannot read shard {str(url)!r}: {says}")
+    assert "(0 samples read before that;" in str(info.value)
+    assert snapshot(url) == before
+
+
+def test_wds_index_gzip_shard_reads_whole_or_names_the_cut(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.tar"
+    tar_shard(plain)
+    packed = gzip.compress(plain.read_bytes())
+    whole, cut = tmp_path / "whole.tar", tmp_path / "cut.tar"  # gzip data named .tar: tarfile's "r|*" reads it
+    whole.write_bytes(packed)
+    cut.write_bytes(packed[: len(packed) // 2])
+    before = snapshot(plain, whole, cut)
+    expected = index_shards([plain], SPEC)
+    index = index_shards([whole], SPEC)
+    assert (index.keys, index.lengths, index.samples) == (expected.keys, expected.lengths, 4)
+    with pytest.raises(ConfigError) as info:
+        index_shards([cut], SPEC)
+    message = str(info.value)
+    assert message.startswith(f"cannot read shard {str(cut)!r}: its gzip data ends early or is corrupt at byte ")
+    assert "gzip-compressed, so byte offsets are in the decompressed tar" in message
+    offset = int(message.split(" at byte ")[1].split(":")[0])
+    assert 0 < offset < len(plain.read_bytes())  # a byte of the decompressed tar, not of the gzip file
+    assert snapshot(plain, whole, cut) == before
+
+
+def test_wds_index_skip_keeps_good_shards_and_reports_the_loss(tmp_path: Path) -> None:
+    made = write_shards(tmp_path, n=60, shards=2, seed=3, bad=False)  # webdataset's TarWriter
+    good = [Path(u) for u in made["urls"]]
+    bad, cut, samples, _ = cut_shard(tmp_path, "at a header boundary")
+    urls = [str(good[0]), str(bad), str(good[1])]
+    before = snapshot(*good, bad)
+    with pytest.raises(ConfigError, match=rf"cannot read shard {re.escape(repr(str(bad)))}: truncated at byte {cut}"):
+        index_shards(urls, SPEC)  # the default: an error, not half a shard
+    with pytest.warns(UserWarning, match=rf"skipped shard {re.escape(repr(str(bad)))}: .* its {samples} samples"):
+        index = index_shards(urls, SPEC, on_bad_shard="skip")
+    assert index.urls == (str(good[0]), str(good[1]))
+    assert sorted(k for ks in index.keys for k in ks) == sorted(made["keys"])  # every good sample, once
+    assert index.skipped[0].url == str(bad) and index.skipped[0].offset == cut
+    assert index.lost_samples == samples == 2
+    # the pipeline reads index.urls: all the good shards' samples arrive, nothing of the bad one
+    seen = [s["__key__"] for s in wds.WebDataset(list(index.urls), shardshuffle=False, empty_check=False)]
+    assert sorted(seen) == sorted(made["keys"])
+    with pytest.raises(ConfigError, match=rf"shard {re.escape(repr(str(bad)))} was skipped by index_shards"):
+        index.reorder(urls)
+    assert index.reorder(list(reversed(index.urls))).skipped == index.skipped
+    assert snapshot(*good, bad) == before
+
+
+def test_wds_index_bad_options_and_missing_shard_are_errors(tmp_path: Path) -> None:
+    url = tmp_path / "a.tar"
+    tar_shard(url)
+    with pytest.raises(ConfigError, match="on_bad_shard should be 'error' or 'skip', but got on_bad_shard='ignore'"):
+        index_shards([url], SPEC, on_bad_shard="ignore")  # type: ignore[arg-type]
+    missing = tmp_path / "missing.tar"
+    with pytest.raises(ConfigError, match=rf"cannot open shard {re.escape(repr(str(missing)))}: "):
+        index_shards([url, missing], SPEC, on_bad_shard="skip")  # a wrong path is not a loss to skip
+    assert not missing.exists()
