@@ -401,3 +401,19 @@ def test_bucketed_stream_resumes_with_stateful_dataloader(num_workers: int) -> N
     after = loader()
     after.load_state_dict(first.state_dict())
     assert sorted(k for b in after for k in b["keys"]) == sorted(s["__key__"] for s in stream)
+
+
+def test_stream_names_a_shard_that_gave_fewer_samples_than_it_was_indexed_with() -> None:
+    stream = interleaved()[:150]  # the shards' last samples never come (a shard cut after indexing)
+    plan = plan_for(stream)
+    sizes = {f"shard-{i}.tar": 40 for i in range(4)} | {"shard-9.tar": 40}  # shard 9: another worker's
+    got = {s: sum(1 for x in stream if x["__url__"] == s) for s in sizes}
+    with pytest.warns(UserWarning, match=r"never arrived from \d shard\(s\)") as caught:
+        batches = list(StreamBucketer(plan, SPEC, lookahead=4, shard_sizes=sizes)(stream))
+    assert sum(len(b.keys) for b in batches) == len(stream)  # everything that came went out
+    message = str(caught[0].message)
+    assert f"{sum(40 - n for s, n in got.items() if 0 < n < 40)} indexed sample(s)" in message
+    assert "shard-9.tar" not in message  # never begun: not this stream's
+    for shard, n in got.items():
+        if 0 < n < 40:
+            assert f"'{shard}' gave {n} of 40" in message

@@ -275,6 +275,7 @@ class StreamBucketer:
                     return
                 self._emitted(batch)  # before the yield: a state taken after it counts this batch
                 yield batch
+        self._check_short_shards()
         while target is not None and progress.batches < target:
             batch = self._filler(buffers)
             self._emitted(batch)
@@ -338,6 +339,26 @@ class StreamBucketer:
                 "over_epoch",
                 "the epoch's batch count was reached before this sample was "
                 "emitted (raise batches=, see stream_batch_counts)",
+            )
+
+    def _check_short_shards(self) -> None:
+        """At the stream's end, a shard begun but short of its indexed count lost samples on the way
+        (cut after it was indexed, or the reader stopped inside it): say which and how many. A shard
+        never begun is another worker's or rank's."""
+        if self.shard_sizes is None:
+            return
+        short = {
+            shard: (got, self.shard_sizes[shard])
+            for shard, got in self._progress.counted.items()
+            if shard in self.shard_sizes and got < self.shard_sizes[shard]
+        }
+        if short:
+            lost = sum(size - got for got, size in short.values())
+            named = ", ".join(f"{s!r} gave {g} of {n}" for s, (g, n) in sorted(short.items())[:5])
+            warnings.warn(
+                f"{lost} indexed sample(s) never arrived from {len(short)} shard(s) the stream began: {named} "
+                "(a shard cut or changed since it was indexed? index it again)",
+                stacklevel=3,
             )
 
     # -- resume (NOTE [ Stream state ] in tokenbucket.stream.state) ------------------------------
