@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -66,7 +67,7 @@ def test_manifest_records_plan_spec_meta_and_hash(metadata: Path, tmp_path: Path
         meta={"gpu": "H100-SXM", "model": "design-24L-1024"},
     )
     info = json.loads(pq.ParquetFile(out).metadata.metadata[b"tokenbucket"])
-    assert info["format"] == 1 and info["rows"] == 20_000
+    assert info["format"] == 2 and info["rows"] == 20_000  # 2: the hash covers every column and the plan
     assert info["meta"] == {"gpu": "H100-SXM", "model": "design-24L-1024"}  # the caller's words win
     assert TokenSpec.from_dict(info["token_spec"]) == SPEC
     assert len(info["content_hash"]) == 64
@@ -225,3 +226,237 @@ def test_manifest_records_the_cost_models_model_and_gpu(metadata: Path, tmp_path
     m = build_manifest(metadata, SPEC, COST, tmp_path / "m.parquet", budget_bytes=BUDGET, on_oversize="reject")
     assert m.meta["meta"]["gpu"] == "H100-SXM"
     assert ModelSpec.from_dict(m.meta["meta"]["model"]) == COST.model
+
+
+# -- issue 17: integrity of every column, damaged footers, the spec and model it was planned for,
+# and counts that agree when duplicates are rejected ------------------------------------------
+
+
+def _stamp(path: Path) -> dict[str, object]:
+    return dict(json.loads(pq.ParquetFile(path).metadata.metadata[b"tokenbucket"]))
+
+
+def _rewrite(src: Path, dst: Path, table: pa.Table | None = None, footer: bytes | None = None) -> None:
+    """``src``'s rows (or ``table``) under ``src``'s footer (or ``footer``), as an editor would leave them."""
+    rows = (pq.read_table(src) if table is None else table).replace_schema_metadata(None)
+    raw = pq.ParquetFile(src).metadata.metadata[b"tokenbucket"] if footer is None else footer
+    with pq.ParquetWriter(dst, rows.schema) as w:
+        w.write_table(rows)
+        w.add_key_value_metadata({b"tokenbucket": raw})
+
+
+@pytest.fixture
+def built(metadata: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "built.parquet"
+    build_manifest(metadata, SPEC, COST, out, budget_bytes=BUDGET, on_oversize="reject")
+    assert (pq.read_table(out).column("bucket").to_numpy() < 0).any()  # some rows carry a reason
+    return out
+
+
+def _edit(table: pa.Table, column: str, how: str) -> pa.Table:
+    """One cell of ``column`` changed: ``value`` (another value), ``to_null`` or ``from_null``."""
+    col = table.column(column)
+    values = col.to_pylist()
+    valid = [i for i, v in enumerate(values) if v is not None]
+    nulls = [i for i, v in enumerate(values) if v is None]
+    if how == "value":
+        i = valid[0]
+        values[i] = values[i] + "x" if isinstance(values[i], str) else values[i] + 1
+    elif how == "to_null":
+        values[valid[0]] = None
+    else:
+        values[nulls[0]] = "x" if pa.types.is_string(col.type) else 0
+    return table.set_column(table.schema.get_field_index(column), column, pa.array(values, col.type))
+
+
+@pytest.mark.parametrize(
+    ("column", "how"),
+    [
+        ("key", "value"),
+        ("index", "value"),
+        ("vision", "value"),
+        ("text", "value"),
+        ("total", "value"),
+        ("bucket", "value"),
+        ("reason", "value"),
+        ("reason", "from_null"),  # a kept row made to look rejected
+        ("vision", "to_null"),
+    ],
+)
+def test_manifest_hash_covers_every_column_edit_is_refused(built: Path, tmp_path: Path, column: str, how: str) -> None:
+    before = built.read_bytes()
+    edited = tmp_path / "edited.parquet"
+    _rewrite(built, edited, table=_edit(pq.read_table(built), column, how))
+    with pytest.raises(ConfigError, match=r"edited\.parquet.*does not match its content hash"):
+        load_manifest(edited)
+    assert built.read_bytes() == before
+    _rewrite(built, edited)  # the same rows under the same footer: still verifies
+    assert load_manifest(edited).content_hash == load_manifest(built).content_hash
+
+
+@pytest.mark.parametrize(("field", "change"), [("plan", "batch_size"), ("token_spec", "patch")])
+def test_manifest_hash_covers_the_plan_and_token_spec(built: Path, tmp_path: Path, field: str, change: str) -> None:
+    before, stamp = built.read_bytes(), _stamp(built)
+    if field == "plan":
+        stamp["plan"]["buckets"][0]["batch_size"] += 1  # type: ignore[index]
+    else:
+        stamp["token_spec"]["patch"] = 16  # type: ignore[index]
+    edited = tmp_path / "edited.parquet"
+    _rewrite(built, edited, footer=json.dumps(stamp).encode())
+    with pytest.raises(ConfigError, match="content hash"):
+        load_manifest(edited)
+    assert built.read_bytes() == before
+
+
+def test_manifest_hash_ignores_batch_boundaries(built: Path) -> None:
+    from tokenbucket.plan._manifest_io import ContentHash
+
+    table, stamp = pq.read_table(built), _stamp(built)
+    one, many = ContentHash(), ContentHash()
+    one.update(table)
+    for start in range(0, table.num_rows, 777):  # slices cut through nulls and strings alike
+        many.update(table.slice(start, 777))
+    assert one.hexdigest(stamp) == many.hexdigest(stamp) == stamp["content_hash"]
+
+
+def test_manifest_old_format_is_a_clear_error(built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tokenbucket.cli.main import main
+
+    stamp = {**_stamp(built), "format": 1}
+    old = tmp_path / "old.parquet"
+    _rewrite(built, old, footer=json.dumps(stamp).encode())
+    before = old.read_bytes()
+    with pytest.raises(ConfigError, match=r"'.*old\.parquet' is a manifest of format 1, .*older.*re-run plan"):
+        load_manifest(old)
+    assert main(["inspect", str(old)]) == 1
+    err = capsys.readouterr().err
+    assert "re-run plan" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert old.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("footer", "message"),
+    [
+        (b'{"format": 2, "rows": ', "is not JSON"),
+        (b"\xff\xfe", "is not JSON"),
+        (b"[1, 2]", "a JSON object was expected"),
+        ("drop:rows", "field 'rows' should be an integer, but got nothing"),
+        ("set:rows='many'", "field 'rows' should be an integer, but got 'many'"),
+        ("set:content_hash=7", "field 'content_hash' should be a string, but got 7"),
+        ("set:plan=[]", "field 'plan' should be a JSON object"),
+        ("set:format=true", "field 'format' should be an integer"),
+        ("set:part=3", "part=3 of parts=1"),
+        ("set:plan={}", "its plan cannot be read"),
+    ],
+)
+def test_manifest_damaged_footer_is_a_one_line_error_naming_the_file(
+    built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], footer: bytes | str, message: str
+) -> None:
+    from tokenbucket.cli.main import main
+
+    if isinstance(footer, str):
+        stamp = _stamp(built)
+        action, _, rest = footer.partition(":")
+        if action == "drop":
+            del stamp[rest]
+        else:
+            name, _, value = rest.partition("=")
+            stamp[name] = json.loads(value.replace("'", '"'))
+        footer = json.dumps(stamp).encode()
+    damaged = tmp_path / "damaged.parquet"
+    _rewrite(built, damaged, footer=footer)
+    before = damaged.read_bytes()
+    with pytest.raises(ConfigError, match=r"'.*damaged\.parquet' has a damaged footer") as info:
+        load_manifest(damaged, verify=False)
+    assert message in str(info.value)
+    assert main(["inspect", str(damaged)]) == 1
+    err = capsys.readouterr().err
+    assert "damaged.parquet" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert damaged.read_bytes() == before
+
+
+def test_manifest_used_with_another_spec_or_model_is_refused_or_warned(built: Path) -> None:
+    import dataclasses
+
+    from tokenbucket.plan.manifest import ManifestMismatchWarning
+    from tokenbucket.train.collate import TokenBucketDataset
+
+    model, before = COST.model, built.read_bytes()
+    same = load_manifest(built, spec=SPEC, model=model)  # what it was planned for: silent
+    assert len(same) == 20_000
+    with pytest.raises(ConfigError, match=r"another token spec: token_spec\.patch: 14 in the manifest, 16 given"):
+        load_manifest(built, spec=TokenSpec(patch=16))
+    deeper = dataclasses.replace(model, layers=48)
+    with pytest.raises(ConfigError, match=r"another model: model\.layers: 24 in the manifest, 48 given"):
+        load_manifest(built, model=deeper)
+    with pytest.raises(ConfigError, match=r"token spec and model: .*patch.*layers.*allow_mismatch=True"):
+        load_manifest(built, spec=TokenSpec(patch=16), model=deeper)
+    with pytest.warns(ManifestMismatchWarning, match=r"model\.layers: 24 in the manifest, 48 given"):
+        m = load_manifest(built, model=deeper, allow_mismatch=True)
+    assert len(m) == 20_000
+    # a model renamed, or columns mapped under other names, plans the same
+    load_manifest(built, model=dataclasses.replace(model, name="mine"))
+    # the dataset compares the spec it is handed with the manifest's
+    n = len(same)
+    with pytest.raises(ConfigError, match=r"token_spec\.patch: 14 in the manifest, 16 given"):
+        TokenBucketDataset(list(range(n)), spec=TokenSpec(patch=16), manifest=same)
+    assert len(TokenBucketDataset(list(range(n)), spec=SPEC, manifest=same)) == n
+    assert built.read_bytes() == before
+
+
+def test_manifest_duplicate_key_rejected_counts_agree_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tokenbucket.cli.main import main
+    from tokenbucket.train.sampler import BucketBatchSampler
+
+    table = mixture_a(60, seed=8)
+    keys = table.column("key").to_pylist()
+    keys[42] = keys[5]
+    src = tmp_path / "dup.parquet"
+    pq.write_table(table.set_column(0, "key", pa.array(keys)), src)
+    before = src.read_bytes()
+    out = tmp_path / "m.parquet"
+    argv = ["plan", str(src), "--budget-gib", "200", "--on-invalid", "reject", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    m = load_manifest(out)
+    bucket = m.table.column("bucket").to_numpy()
+    assert m.table.num_rows == 60 and (bucket >= 0).sum() == 59 and (bucket < 0).sum() == 1
+    assert "should be unique" in m.table.column("reason")[42].as_py()
+    # the plan the CLI printed, the plan in the manifest and the manifest's rows say the same
+    assert data["summary"]["samples"] == sum(b["samples"] for b in data["buckets"]) == 59
+    assert data["summary"]["rejected"] == 1 and data["summary"]["invalid"] == 1
+    assert m.plan.summary()["samples"] == 59
+    assert [b.samples for b in m.plan.buckets] == np.bincount(
+        bucket[bucket >= 0], minlength=len(m.plan.buckets)
+    ).tolist()
+    assert sum(len(b) for b in BucketBatchSampler.from_manifest(m)) == 59  # the sampler holds the same 59
+    assert main(["inspect", str(out), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["summary"]
+    assert (shown["samples"], shown["rejected"], shown["invalid"]) == (59, 1, 1)
+    assert src.read_bytes() == before
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_manifest_duplicates_across_batches_and_null_keys_plan_only_the_kept_rows(tmp_path: Path, mode: str) -> None:
+    table = mixture_a(60, seed=9)
+    keys: list[str | None] = table.column("key").to_pylist()
+    keys[50] = keys[3]  # a repeat in a later batch
+    keys[20] = None  # a row without a key
+    src = tmp_path / "dup.parquet"
+    pq.write_table(table.set_column(0, "key", pa.array(keys, pa.string())), src)
+    m = build_manifest(
+        src,
+        SPEC,
+        COST,
+        tmp_path / "m.parquet",
+        budget_bytes=BUDGET,
+        batch_rows=16,
+        mode=mode,
+        on_invalid="reject",
+        on_oversize="reject",
+    )
+    bucket = m.table.column("bucket").to_numpy()
+    invalid = set(np.flatnonzero(pc.starts_with(m.table.column("reason").fill_null(""), "invalid")))
+    assert len(bucket) == 60 and invalid == {20, 50}
+    assert m.plan.summary()["samples"] == (bucket >= 0).sum() == 58 - m.plan.summary()["rejected"]
+    assert m.summary()["rejected"] == (bucket < 0).sum() and m.summary()["invalid"] == 2

@@ -16,7 +16,9 @@ can catch them all in one place and still tell them apart::
           └── ImageTooSmallError    under ``resize="crop"`` the image holds no whole patch
 
 Warnings: :class:`OOMRiskWarning` (a risky batch, a batch size lowered after an OOM) and
-:class:`PlanDriftWarning` (measured memory above the plan's prediction).
+:class:`PlanDriftWarning` (measured memory above the plan's prediction);
+:class:`ManifestMismatchWarning` (a manifest used with another token spec or model than it was
+planned for, when the caller allowed it).
 
 ``ConfigError`` and ``MetadataError`` are also ``ValueError``s, so code that already catches
 ``ValueError`` keeps working.
@@ -140,3 +142,7 @@ class DuplicateKeyError(MetadataError):
 
 class ImageTooSmallError(MetadataError):
     """Under ``resize="crop"`` the image is smaller than one (merged) patch."""
+
+
+class ManifestMismatchWarning(UserWarning):
+    """A manifest used with another token spec or model than it was planned for (``allow_mismatch=True``)."""

@@ -28,9 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    manifest = load_manifest(args.manifest)
+    manifest = load_manifest(args.manifest)  # verified; no spec to compare here (none is given)
+    summary = manifest.summary()  # as `plan` printed it: rows refused as invalid count as rejected
     if args.json:
-        out = _plan_json(manifest.plan)
+        out = {**_plan_json(manifest.plan), "summary": summary}
         out["rows"] = len(manifest)
         out["meta"] = manifest.meta.get("meta", {})
         print(json.dumps(out))
@@ -40,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
             f"hash {manifest.content_hash[:12]}"
         )
         _print_plan(manifest.plan)
+        if summary["invalid"]:
+            print(f"invalid: {summary['invalid']:,} rows rejected (bucket -1, the reason in the reason column)")
         totals = manifest.table.column("total").drop_null().to_numpy()
         if len(totals):
             print("\nL_total histogram (log2 bins):")

@@ -1,7 +1,7 @@
 """``tokenbucket plan``: plan memory-safe buckets and write the manifest.
 
 tokenbucket plan METADATA... [--config F] [--gpu NAME | --budget-gib X] [--max-buckets K]
-                 [--mode static|dynamic] [--on-oversize error|reject] --out manifest.parquet [--json]
+                 [--mode static|dynamic] [--on-oversize error|reject] --out manifest.parquet [--force] [--json]
 tokenbucket plan --lerobot DATASET [--delta-timestamps JSON|@FILE.json] [--cameras A,B] [plan flags as above]
 """
 
@@ -23,6 +23,7 @@ from tokenbucket.cli._common import (
     _json_object_arg,
     _plan_json,
     _print_plan,
+    finite_float,
     model_from_args,
     spec_from_args,
 )
@@ -47,9 +48,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --lerobot: LeRobot's offsets in seconds per key, as a JSON object or @file.json",
     )
     parser.add_argument("--cameras", metavar="A,B", help="with --lerobot: the camera keys the policy uses")
-    parser.add_argument("--out", required=True, type=Path, help="the manifest .parquet to write")
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="the manifest .parquet to write (or a directory of parts); an existing one is replaced "
+        "only when it is a tokenbucket manifest",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="also replace an existing --out file that is not a manifest (never a directory, never an input)",
+    )
     parser.add_argument("--gpu", help="GPU target (see `tokenbucket gpus`)")
-    parser.add_argument("--budget-gib", type=float, help="memory budget instead of a GPU's")
+    parser.add_argument("--budget-gib", type=finite_float, help="memory budget instead of a GPU's")
     parser.add_argument("--max-buckets", type=int, default=32)
     parser.add_argument(
         "--mode",
@@ -111,10 +123,16 @@ def run(args: argparse.Namespace) -> int:
             on_oversize=args.on_oversize,
             on_invalid=args.on_invalid,
             meta=meta,
+            force=args.force,
         )
+    summary = manifest.summary()  # the manifest's own counts: invalid rows are rejected too
     if args.json:
-        print(json.dumps(_plan_json(manifest.plan)))
+        print(json.dumps({**_plan_json(manifest.plan), "summary": summary}))
     else:
         _print_plan(manifest.plan)
+        if summary["invalid"]:
+            print(
+                f"invalid: {summary['invalid']:,} rows rejected (bucket -1, the reason in the manifest's reason column)"
+            )
         print(f"manifest: {args.out} ({len(manifest):,} rows)")
     return 0

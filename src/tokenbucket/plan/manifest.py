@@ -11,44 +11,65 @@ It is the contract between offline planning and training. Columns::
 
 The Parquet key-value metadata holds, under ``tokenbucket``, a JSON object with the format
 version, the plan (:meth:`BucketPlan.to_dict`), the token spec, the model and GPU target, the
-row count, and a content hash (SHA-256 over the ``key``, ``total`` and ``bucket`` columns) that
-:func:`load_manifest` checks.
+row count, and a content hash (SHA-256 over every column, the plan and the token spec: NOTE
+[ Content hash ]) that :func:`load_manifest` checks; given the spec and model it is used
+with, it also checks that they are the ones it was planned for.
 
 Building reads the inputs twice, a record batch at a time (bounded memory): once for the
 length histogram (merged across batches, so the plan is the one a single pass would give), once
 to write. It writes to a temporary file and renames it, so an interrupted build leaves no
-half manifest behind.
+half manifest behind, and it replaces nothing at ``out`` but a manifest (NOTE [ Safe output ],
+in :mod:`tokenbucket.plan._manifest_io` with the rest of the on-disk side).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import sys
 import time
-from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tokenbucket._exceptions import ConfigError
+from tokenbucket._exceptions import ConfigError, ManifestMismatchWarning
+from tokenbucket.plan._manifest_io import (
+    MANIFEST_FORMAT,
+    META_KEY,
+    ContentHash,
+    PartSink,
+    Progress,
+    prepare_out,
+    replace_out,
+    temp_path,
+)
 from tokenbucket.plan.buckets import BucketPlan, LengthHistogram, plan_buckets
 from tokenbucket.tokens.breakdown import R_DUPLICATE, breakdown_table, duplicate_rows
 from tokenbucket.tokens.metadata import count_rows, iter_metadata_batches, metadata_paths
 from tokenbucket.tokens.spec import TokenSpec
 
-__all__ = ["MANIFEST_FORMAT", "Manifest", "build_manifest", "length_histogram", "load_manifest"]
+__all__ = [
+    "MANIFEST_FORMAT",
+    "Described",
+    "Manifest",
+    "ManifestMismatchWarning",
+    "build_manifest",
+    "length_histogram",
+    "load_manifest",
+]
 
-MANIFEST_FORMAT = 1
-META_KEY = b"tokenbucket"
+
+class Described(Protocol):
+    """What a model spec gives a manifest to record and compare: its fields as a JSON-ready dict."""
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 class Manifest:
@@ -72,50 +93,124 @@ class Manifest:
     def __len__(self) -> int:
         return int(self.meta["rows"])
 
+    def summary(self) -> dict[str, Any]:
+        """The plan's :meth:`~BucketPlan.summary` with every row the manifest refused:
+        ``samples`` rows in a bucket, ``rejected`` rows with bucket -1 (oversize or invalid),
+        ``invalid`` the rows among them refused as invalid metadata (a duplicate key, say)."""
+        if self._table is not None:
+            parts = [self._table.select(["bucket", "reason"])]
+        else:
+            parts = [pq.read_table(f, columns=["bucket", "reason"]) for f in self.files]
+        bucket = np.concatenate([p.column("bucket").to_numpy() for p in parts])
+        invalid = sum(int(pc.sum(pc.starts_with(p.column("reason"), "invalid")).as_py() or 0) for p in parts)
+        return {
+            **self.plan.summary(),
+            "samples": int((bucket >= 0).sum()),
+            "rejected": int((bucket < 0).sum()),
+            "invalid": invalid,
+        }
 
-class _Progress:
-    """A one-line progress counter on a terminal (silent otherwise)."""
+    def check_made_for(
+        self, spec: TokenSpec | None = None, model: Described | None = None, *, allow_mismatch: bool = False
+    ) -> None:
+        """Check that the manifest was planned for ``spec`` and ``model`` (those given).
 
-    def __init__(self, total: int | None, label: str, enabled: bool | None) -> None:
-        self.total, self.label = total, label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.done, self.start = 0, time.perf_counter()
+        The token spec is compared field by field, column names aside (they say where a count
+        is read, not what it is); the model likewise, its ``name`` aside. A manifest that
+        recorded no model (a plan handed to :func:`build_manifest`) has none to compare.
 
-    def update(self, rows: int) -> None:
-        self.done += rows
-        if not self.enabled:
+        Raises:
+            ConfigError: a field differs (each differing field named with both values), unless
+                ``allow_mismatch``; then a :class:`ManifestMismatchWarning` says the same.
+        """
+        found: list[str] = []
+        if spec is not None:
+            found += _differences("token_spec", self.meta.get("token_spec"), _json_ready(spec.to_dict()))
+        recorded = (self.meta.get("meta") or {}).get("model")
+        if model is not None and recorded is not None:
+            given = _json_ready(model.to_dict())
+            if isinstance(recorded, str):  # a caller recorded the model by name
+                if given.get("name") is not None and given["name"] != recorded:
+                    found.append(f"model: {recorded!r} in the manifest, {given['name']!r} given")
+            else:
+                found += _differences("model", recorded, given)
+        if not found:
             return
-        rate = self.done / max(time.perf_counter() - self.start, 1e-9)
-        of = f"/{self.total:,}" if self.total else ""
-        print(f"\r{self.label}: {self.done:,}{of} rows ({rate:,.0f} rows/s)", end="", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.enabled:
-            print(file=sys.stderr)
+        shown = "; ".join(found[:6]) + (f"; and {len(found) - 6} more" if len(found) > 6 else "")
+        text = f"manifest {str(self.path)!r} was planned for another {' and '.join(_kinds(found))}: {shown}"
+        if not allow_mismatch:
+            raise ConfigError(f"{text}; plan again with these, or pass allow_mismatch=True to use it anyway")
+        warnings.warn(text, ManifestMismatchWarning, stacklevel=3)
 
 
-class _ContentHash:
-    """SHA-256 of the logical contents of ``key``, ``total`` and ``bucket``: one stream per
-    column part, so neither the buffer layout nor the batch boundaries change the result."""
+def _json_ready(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` as a footer holds it (tuples become lists, keys strings)."""
+    out: dict[str, Any] = json.loads(json.dumps(data, default=str))
+    return out
+
+
+def _differences(where: str, recorded: object, given: object) -> list[str]:
+    """``where.field: A in the manifest, B given`` for each differing leaf (column names and
+    ``name`` aside: see :meth:`Manifest.check_made_for`)."""
+    if isinstance(recorded, dict) and isinstance(given, dict):
+        out: list[str] = []
+        for k in sorted(set(recorded) | set(given), key=str):
+            if k in ("columns", "column", "name"):
+                continue
+            out += _differences(f"{where}.{k}", recorded.get(k), given.get(k))
+        return out
+    return [] if recorded == given else [f"{where}: {recorded!r} in the manifest, {given!r} given"]
+
+
+def _kinds(found: list[str]) -> list[str]:
+    return [
+        name
+        for prefix, name in (("token_spec", "token spec"), ("model", "model"))
+        if any(f.startswith(prefix) for f in found)
+    ]
+
+
+class _SeenKeys:
+    """The keys of the rows kept so far, batch after batch.
+
+    NOTE [ Duplicate keys across batches ]
+    A key that an earlier batch holds is a duplicate the batch's own check cannot see. Keys
+    sorted across the whole input are proven unique batch by batch (no lookup then); otherwise
+    every kept key is held (about 20 bytes a row, the one part of a build that grows with the
+    input) and each batch is looked up in them, or (``on_invalid="raise"``) hashed once at the
+    end. The same check runs in both passes, so the plan counts exactly the rows the manifest
+    puts in a bucket.
+    """
 
     def __init__(self) -> None:
-        self.streams = [hashlib.sha256() for _ in range(4)]  # key lengths, key bytes, total, bucket
+        self.arrays: list[pa.Array] = []
+        self.sorted = True
+        self.last: str | None = None
 
-    def update(self, table: pa.Table) -> None:
-        lengths, data, totals, buckets = self.streams
-        keys = table.column("key")
-        if keys.null_count:
-            keys = keys.fill_null("")
-        for chunk in keys.cast(pa.large_string()).chunks:
-            offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int64)[chunk.offset : chunk.offset + len(chunk) + 1]
-            lengths.update(np.diff(offsets).tobytes())
-            data.update(memoryview(chunk.buffers()[2])[int(offsets[0]) : int(offsets[-1])])
-        total = table.column("total")
-        totals.update((total.fill_null(-1) if total.null_count else total).to_numpy().astype(np.int64).tobytes())
-        buckets.update(table.column("bucket").to_numpy().astype(np.int32).tobytes())
+    def add(self, keys: pa.ChunkedArray, *, refuse: bool) -> np.ndarray | None:
+        """Record a batch's keys (row order); with ``refuse``, the mask of those an earlier batch
+        holds (they are refused, not recorded), or ``None`` when there are none."""
+        was_sorted = self.sorted
+        if self.sorted and len(keys):
+            first = keys[0].as_py()
+            if self.last is not None and (first is None or not first > self.last):
+                self.sorted = False
+            elif len(keys) > 1 and not pc.all(pc.greater(keys.slice(1), keys.slice(0, len(keys) - 1))).as_py():
+                self.sorted = False
+            self.last = keys[-1].as_py()
+        dup = None
+        if refuse and self.arrays and not (was_sorted and self.sorted):
+            held = np.asarray(pc.is_in(keys, value_set=pa.concat_arrays(self.arrays)).fill_null(False))
+            if held.any():
+                dup, keys = held, keys.filter(pa.array(~held))
+        self.arrays.append(keys.combine_chunks())
+        return dup
 
-    def hexdigest(self) -> str:
-        return hashlib.sha256(b"".join(s.digest() for s in self.streams)).hexdigest()
+    def check_unique(self) -> None:
+        """Raise for the first repeated key (``on_invalid="raise"``: nothing was refused on the way)."""
+        if not self.sorted:
+            _check_unique_keys(pa.concat_arrays(self.arrays))
+        self.arrays = []
 
 
 def length_histogram(
@@ -129,7 +224,7 @@ def length_histogram(
     left out (they are rejected or raised, with their keys, when the manifest is written).
     """
     paths = metadata_paths(sources)
-    hist, _ = _count(paths, spec, batch_rows, keep_lengths=False, progress=False, total_rows=None)
+    hist, _ = _count(paths, spec, batch_rows, keep_lengths=False, progress=False, total_rows=None, check_keys=False)
     return hist
 
 
@@ -141,17 +236,31 @@ def _count(
     keep_lengths: bool,
     progress: bool | None,
     total_rows: int | None,
+    check_keys: bool,
 ) -> tuple[LengthHistogram, np.ndarray]:
+    """Pass 1: the lengths of the rows the write will put in a bucket (or find oversize).
+
+    With ``check_keys`` (``on_invalid="reject"``) a row with a bad or repeated key is left out,
+    as the write refuses it (NOTE [ Duplicate keys across batches ]); otherwise keys are not
+    read: any such row makes the write raise.
+    """
     hist = LengthHistogram(np.zeros(0, np.int64), np.zeros(0, np.int64))
     raw: list[np.ndarray] = []
-    bar = _Progress(total_rows, "counting", progress)
-    # No keys needed here: invalid rows are left out of the histogram and reported (or
-    # rejected) with their keys when the manifest is written.
-    counting = replace(spec, columns=replace(spec.columns, key=None))
+    bar = Progress(total_rows, "counting", progress)
+    key = spec.columns.key if check_keys else None
+    counting = spec if key is not None else replace(spec, columns=replace(spec.columns, key=None))
     needed = [spec.columns.cameras, spec.columns.frames, spec.columns.height, spec.columns.width]
     needed += [r.column for r in spec.rules().values() if r.column is not None]
-    for table in iter_metadata_batches(paths, batch_rows=batch_rows, columns=needed, key=spec.columns.key):
-        totals = breakdown_table(table, counting, on_invalid="reject").totals
+    seen = _SeenKeys()
+    for table in iter_metadata_batches(
+        paths, batch_rows=batch_rows, columns=needed + ([key] if key else []), key=spec.columns.key
+    ):
+        result = breakdown_table(table, counting, on_invalid="reject")
+        totals = result.totals
+        if key is not None:
+            dup = seen.add(result.table.column("key"), refuse=True)
+            if dup is not None:
+                totals = totals[~dup]
         hist = hist.merge(LengthHistogram.from_lengths(totals))
         if keep_lengths:
             raw.append(totals)
@@ -175,6 +284,7 @@ def build_manifest(
     part_rows: int | None = None,
     progress: bool | None = None,
     meta: dict[str, Any] | None = None,
+    force: bool = False,
 ) -> Manifest:
     """Count, plan and write a manifest for the metadata in ``sources``.
 
@@ -184,20 +294,28 @@ def build_manifest(
         plan_or_cost: a :class:`BucketPlan` to apply as it is, or a cost model to plan with
             (then ``budget_bytes`` is required).
         out: the manifest to write: a ``.parquet`` file, or a directory of part files (any
-            other name, or whenever ``part_rows`` is given).
+            other name, or whenever ``part_rows`` is given). An existing ``out`` is replaced
+            only when it is a manifest (NOTE [ Safe output ]).
         on_oversize: a sample longer than the last bound (or that fits not even alone):
             ``error`` or ``reject`` (bucket -1 with the reason).
-        on_invalid: an invalid metadata row: ``raise`` or ``reject`` (bucket -1, the reason).
+        on_invalid: an invalid metadata row: ``raise`` or ``reject`` (bucket -1, the reason;
+            the plan then counts only the rows kept).
         batch_rows: rows per record batch (memory is bounded by this, not by the input).
         part_rows: with a directory, start a new part file after about this many rows.
         progress: show a progress line (default: when stderr is a terminal).
         meta: more JSON-ready context to record (e.g. the model and GPU).
+        force: also replace an existing ``out`` that is a regular file but not a manifest
+            (never a directory, never a metadata input).
 
     Returns:
         The written manifest, loaded.
+
+    Raises:
+        ConfigError: ``out`` may not be written (see ``force``), or the inputs / plan refuse.
     """
     out = Path(out)
     paths = metadata_paths(sources)
+    prepare_out(out, paths, force=force)
     total_rows = count_rows(paths)
 
     # Pass 1: lengths → histogram (mergeable), and the raw lengths for dynamic mode.
@@ -213,6 +331,7 @@ def build_manifest(
             keep_lengths=mode in ("dynamic", "packed"),
             progress=progress,
             total_rows=total_rows,
+            check_keys=on_invalid == "reject",
         )
         lengths: Any = raw if mode in ("dynamic", "packed") else hist  # both simulate the samples themselves
         plan = plan_buckets(
@@ -230,14 +349,12 @@ def build_manifest(
 
     # Pass 2: breakdown, assign, write.
     as_parts = part_rows is not None or out.suffix.lower() != ".parquet"
-    target = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    target = temp_path(out)  # NOTE [ Safe output ]
     if as_parts:
         target.mkdir()
-    sink = _PartSink(target, as_parts, part_rows)
-    last_key: str | None = None
-    keys_sorted = True
-    all_keys: list[pa.Array] = []  # NOTE [ Duplicate keys across batches ]
-    bar = _Progress(total_rows, "writing", progress)
+    sink = PartSink(target, as_parts, part_rows)
+    seen = _SeenKeys()  # NOTE [ Duplicate keys across batches ]
+    bar = Progress(total_rows, "writing", progress)
     offset = 0
     try:
         for table in iter_metadata_batches(paths, batch_rows=batch_rows, key=spec.columns.key):
@@ -245,38 +362,20 @@ def build_manifest(
             # with on_invalid="reject", rows refused as invalid take no part in the key check
             kept = _not_invalid(part) if on_invalid == "reject" else None
             keys = part.column("key") if kept is None else part.column("key").filter(pa.array(kept))
-            was_sorted = keys_sorted
-            if keys_sorted and len(keys):
-                first_key = keys[0].as_py()
-                if last_key is not None and (first_key is None or not first_key > last_key):
-                    keys_sorted = False
-                elif len(keys) > 1 and not pc.all(pc.greater(keys.slice(1), keys.slice(0, len(keys) - 1))).as_py():
-                    keys_sorted = False
-                last_key = keys[-1].as_py()
-            if kept is not None and all_keys and not (was_sorted and keys_sorted):
-                # NOTE [ Duplicate keys across batches ], reject: a key an earlier batch holds makes
-                # this row a refused duplicate (sorted keys cannot repeat: no lookup then)
-                dup = (
-                    np.asarray(pc.is_in(part.column("key"), value_set=pa.concat_arrays(all_keys)).fill_null(False))
-                    & kept
-                )
-                if dup.any():
-                    part = _refuse_duplicates(part, dup)
-                    keys = part.column("key").filter(pa.array(kept & ~dup))
-            all_keys.append(keys.combine_chunks())
+            dup = seen.add(keys, refuse=kept is not None)
+            if dup is not None and kept is not None:
+                refused = np.zeros(part.num_rows, dtype=bool)
+                refused[np.flatnonzero(kept)[dup]] = True
+                part = _refuse_duplicates(part, refused)
             sink.write(part)
             offset += table.num_rows
             bar.update(table.num_rows)
         bar.close()
         if not sink.rows:
             raise ConfigError("the metadata inputs hold no rows")
-        if not keys_sorted and on_invalid != "reject":  # (rejected as they came, above)
-            # NOTE [ Duplicate keys across batches ]
-            # Keys sorted across the whole input are proven unique batch by batch; otherwise one
-            # hash over all of them. That needs the key column in memory (about 20 bytes a row),
-            # the one part of the build that grows with the input.
-            _check_unique_keys(pa.concat_arrays(all_keys))
-        del all_keys
+        if on_invalid != "reject":  # (rejected as they came, above)
+            seen.check_unique()
+        del seen
         # record what the plan was made for (the caller's words win)
         model = getattr(plan_or_cost, "model", None)
         gpu = getattr(plan_or_cost, "gpu", None)
@@ -291,8 +390,8 @@ def build_manifest(
             "meta": {**made_for, **(meta or {})},
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        sink.close(info)
-        _replace(target, out)
+        sink.close(_json_ready(info))
+        replace_out(target, out)
     finally:
         sink.abort()
         if target.is_dir():
@@ -300,96 +399,6 @@ def build_manifest(
         elif target.exists():
             target.unlink()
     return load_manifest(out, verify=False)  # just hashed what was written
-
-
-class _PartSink:
-    """Writes manifest rows to one file, or to ``part-NNNNN.parquet`` files of ``part_rows``.
-
-    NOTE [ Overlapped writes ]
-    Parquet encoding and hashing release the GIL, so a writer thread encodes batch i while the
-    main thread counts batch i + 1; at most two batches are in memory at once.
-    """
-
-    def __init__(self, target: Path, as_parts: bool, part_rows: int | None) -> None:
-        self.target, self.as_parts = target, as_parts
-        self.part_rows = part_rows or (1 << 62)
-        self.pool = ThreadPoolExecutor(max_workers=1)
-        self.pending: Future[None] | None = None
-        self.writer: pq.ParquetWriter | None = None
-        self.schema: pa.Schema | None = None
-        self.hasher = _ContentHash()
-        self.part_rows_written = 0
-        self.parts: list[tuple[pq.ParquetWriter, _ContentHash, int]] = []  # closed at the end
-        self.rows = 0
-
-    def _path(self) -> Path:
-        return self.target / f"part-{len(self.parts):05d}.parquet" if self.as_parts else self.target
-
-    def write(self, part: pa.Table) -> None:
-        if self.schema is None:
-            self.schema = part.schema
-        if part.schema != self.schema:
-            part = part.cast(self.schema)
-        if self.pending is not None:
-            self.pending.result()
-        if self.writer is None or (self.as_parts and self.part_rows_written >= self.part_rows):
-            self._rotate()
-        writer, hasher = self.writer, self.hasher
-
-        def job() -> None:
-            assert writer is not None
-            writer.write_table(part)
-            hasher.update(part)
-
-        self.pending = self.pool.submit(job)
-        self.part_rows_written += part.num_rows
-        self.rows += part.num_rows
-
-    def _rotate(self) -> None:
-        if self.writer is not None:
-            self.parts.append((self.writer, self.hasher, self.part_rows_written))
-        assert self.schema is not None
-        # keys are unique: a dictionary would only cost time
-        self.writer = pq.ParquetWriter(self._path(), self.schema, use_dictionary=["bucket", "reason"])
-        self.hasher = _ContentHash()
-        self.part_rows_written = 0
-
-    def close(self, info: dict[str, Any]) -> None:
-        """Finish every file with its footer: ``info`` plus its own rows and content hash."""
-        if self.pending is not None:
-            self.pending.result()
-        if self.writer is not None:
-            self.parts.append((self.writer, self.hasher, self.part_rows_written))
-            self.writer = None
-        # NOTE [ Overlapped writes ]: the writer thread's parts are closed here
-        for i, (writer, hasher, rows) in enumerate(self.parts):
-            stamp = {**info, "rows": rows, "content_hash": hasher.hexdigest(), "part": i, "parts": len(self.parts)}
-            writer.add_key_value_metadata({META_KEY.decode(): json.dumps(stamp)})
-            writer.close()
-        self.parts = []
-
-    def abort(self) -> None:
-        self.pool.shutdown(wait=True)
-        for writer, _, _ in self.parts:
-            writer.close()
-        if self.writer is not None:
-            self.writer.close()
-        self.parts, self.writer = [], None
-
-
-def _replace(src: Path, dst: Path) -> None:
-    """Move the finished manifest into place; an existing one is replaced only once the new one
-    is complete."""
-    if src.is_dir() and dst.exists():
-        old = dst.with_name(f".{dst.name}.{os.getpid()}.old")
-        os.replace(dst, old)
-        os.replace(src, dst)
-        if old.is_dir():
-            shutil.rmtree(old)
-        else:
-            old.unlink()
-    else:
-        os.replace(src, dst)
 
 
 def _manifest_part(
@@ -482,14 +491,24 @@ def _check_unique_keys(keys: pa.Array) -> None:
         raise ConfigError(f"row {row}: key {keys[row].as_py()!r} is used by an earlier row; keys must be unique")
 
 
-def load_manifest(path: str | Path, *, verify: bool = True) -> Manifest:
-    """Read a manifest (a file or a directory of parts), checking its format version and (with
-    ``verify``) every file's content hash.
+def load_manifest(
+    path: str | Path,
+    *,
+    verify: bool = True,
+    spec: TokenSpec | None = None,
+    model: Described | None = None,
+    allow_mismatch: bool = False,
+) -> Manifest:
+    """Read a manifest (a file or a directory of parts), checking its format version, its
+    footer, (with ``verify``) every file's content hash, and (given ``spec`` / ``model``) that
+    it was planned for them (:meth:`Manifest.check_made_for`).
 
     Raises:
-        ConfigError: not a Parquet file, not a tokenbucket manifest, another format version,
-            parts of different plans, a missing part, or contents that do not match the
-            recorded hash (truncated or edited).
+        ConfigError: not a Parquet file, not a tokenbucket manifest, another format version (an
+            older one: re-run ``tokenbucket plan``), a damaged footer, parts of different plans,
+            a missing part, contents that do not match the recorded hash (truncated or edited),
+            or another token spec or model than the ones given (unless ``allow_mismatch``: then
+            a :class:`~tokenbucket._exceptions.ManifestMismatchWarning`).
     """
     path = Path(path)
     # by part number, not by name: part-100000 comes after part-99999
@@ -499,43 +518,97 @@ def load_manifest(path: str | Path, *, verify: bool = True) -> Manifest:
     infos = [_read_part(f, verify) for f in files]
     first = infos[0]
     if path.is_dir():
-        if first.get("parts") != len(files):
-            raise ConfigError(f"{str(path)!r} should hold {first.get('parts')} parts, but holds {len(files)}")
+        if first["parts"] != len(files):
+            raise ConfigError(f"{str(path)!r} should hold {first['parts']} parts, but holds {len(files)}")
         for i, (f, info) in enumerate(zip(files, infos, strict=True)):
             if info["plan"] != first["plan"] or info["created"] != first["created"]:
                 raise ConfigError(f"{str(f)!r} belongs to another manifest than {str(files[0])!r}")
-            if info.get("part", i) != i:  # rows are indexed in part order: a renamed part would shift them
-                raise ConfigError(f"{str(f)!r} holds part {info.get('part')} but sits at position {i}")
+            if info["part"] != i:  # rows are indexed in part order: a renamed part would shift them
+                raise ConfigError(f"{str(f)!r} holds part {info['part']} but sits at position {i}")
         combined = hashlib.sha256("".join(i["content_hash"] for i in infos).encode()).hexdigest()
         first = {**first, "rows": sum(i["rows"] for i in infos), "content_hash": combined}
         first.pop("part", None)
-    return Manifest(BucketPlan.from_dict(first["plan"]), first, path, files)
+    try:
+        plan = BucketPlan.from_dict(first["plan"])
+    except (KeyError, TypeError, ValueError) as exc:  # ConfigError is a ValueError too
+        raise ConfigError(f"{str(files[0])!r} has a damaged footer: its plan cannot be read ({exc!r})") from None
+    manifest = Manifest(plan, first, path, files)
+    if spec is not None or model is not None:
+        manifest.check_made_for(spec, model, allow_mismatch=allow_mismatch)
+    return manifest
+
+
+# the footer's fields and their JSON types (bool is no int here)
+_STAMP_FIELDS: dict[str, type] = {
+    "format": int,
+    "rows": int,
+    "content_hash": str,
+    "plan": dict,
+    "token_spec": dict,
+    "meta": dict,
+    "created": str,
+    "part": int,
+    "parts": int,
+}
+_TYPE_WORDS = {int: "an integer", str: "a string", dict: "a JSON object"}
+
+
+def _read_stamp(path: Path, raw: bytes) -> dict[str, Any]:
+    """The footer's JSON object, refused with the file's name when damaged."""
+    try:
+        info = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"{str(path)!r} has a damaged footer: its '{META_KEY.decode()}' entry is not JSON ({exc})"
+        ) from None
+    if not isinstance(info, dict):
+        raise ConfigError(f"{str(path)!r} has a damaged footer: a JSON object was expected, but got {info!r:.60}")
+    fmt = info.get("format")
+    if isinstance(fmt, int) and not isinstance(fmt, bool) and fmt != MANIFEST_FORMAT:
+        if fmt < MANIFEST_FORMAT:
+            raise ConfigError(
+                f"{str(path)!r} is a manifest of format {fmt}, written by an older tokenbucket; re-run plan "
+                f"(tokenbucket plan / build_manifest) to write it in format {MANIFEST_FORMAT}"
+            )
+        raise ConfigError(
+            f"{str(path)!r} is a manifest of format {fmt}; this tokenbucket reads format {MANIFEST_FORMAT}: upgrade it"
+        )
+    for name, kind in _STAMP_FIELDS.items():
+        value = info.get(name)
+        if name not in info or not isinstance(value, kind) or isinstance(value, bool):
+            got = "nothing" if name not in info else f"{value!r:.60}"
+            raise ConfigError(
+                f"{str(path)!r} has a damaged footer: field {name!r} should be {_TYPE_WORDS[kind]}, but got {got}"
+            )
+    if info["rows"] < 0 or not 0 <= info["part"] < info["parts"]:
+        raise ConfigError(
+            f"{str(path)!r} has a damaged footer: rows={info['rows']}, part={info['part']} of parts={info['parts']}"
+        )
+    return info
 
 
 def _read_part(path: Path, verify: bool) -> dict[str, Any]:
     try:
         pf = pq.ParquetFile(path)
         kv = pf.metadata.metadata or {}  # the file footer's key-value metadata
-    except (OSError, pa.ArrowInvalid) as exc:
+    except (OSError, pa.ArrowException) as exc:
         raise ConfigError(f"{str(path)!r} is not a readable Parquet file: {exc}") from None
     if META_KEY not in kv:
         raise ConfigError(
             f"{str(path)!r} is a Parquet file but not a tokenbucket manifest (no '{META_KEY.decode()}' metadata)"
         )
-    info: dict[str, Any] = json.loads(kv[META_KEY])
-    if info.get("format") != MANIFEST_FORMAT:
-        raise ConfigError(
-            f"{str(path)!r} has manifest format {info.get('format')!r}; this tokenbucket reads {MANIFEST_FORMAT}"
-        )
+    info = _read_stamp(path, kv[META_KEY])
     if pf.metadata.num_rows != info["rows"]:
         raise ConfigError(f"{str(path)!r} has {pf.metadata.num_rows} rows but its metadata says {info['rows']}")
     if verify:
-        h = _ContentHash()
+        h = ContentHash()  # NOTE [ Content hash ]: every column
         try:
-            for batch in pf.iter_batches(batch_size=1_000_000, columns=["key", "total", "bucket"]):
+            for batch in pf.iter_batches(batch_size=1_000_000):
                 h.update(pa.Table.from_batches([batch]))
-        except (OSError, pa.ArrowInvalid) as exc:
+        except (OSError, pa.ArrowException) as exc:
             raise ConfigError(f"{str(path)!r} cannot be read (truncated?): {exc}") from None
-        if h.hexdigest() != info["content_hash"]:
-            raise ConfigError(f"{str(path)!r} does not match its content hash: it was changed after it was written")
+        if h.hexdigest(info) != info["content_hash"]:
+            raise ConfigError(
+                f"{str(path)!r} does not match its content hash: its rows or plan were changed after it was written"
+            )
     return info

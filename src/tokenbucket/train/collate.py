@@ -79,6 +79,7 @@ class TokenBucketDataset(Dataset[Any]):
         n = len(dataset)
         table = _metadata_table(dataset, metadata, n, spec) if metadata is not None else None
         if manifest is not None:
+            manifest.check_made_for(spec)  # planned for another token spec: its buckets would be wrong here
             mt = manifest.table
             if mt.num_rows != n:
                 raise ConfigError(f"the manifest has {mt.num_rows:,} rows but the dataset has {n:,} samples")
