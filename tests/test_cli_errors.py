@@ -270,3 +270,47 @@ def test_cli_profile_factory_that_builds_no_module(capsys: pytest.CaptureFixture
     code, _, err = cli(capsys, "profile", "os:getcwd", "--batch", "1", "--length", "8")
     one_line_error(err, "os:getcwd returned str, not a torch.nn.Module")
     assert code == 1
+
+
+# -- samples without tokens ------------------------------------------------------------------------------
+
+
+def test_plan_sample_without_tokens_is_named_or_rejected_never_the_whole_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokenbucket import load_manifest
+
+    table = rows(40, text_tokens=[5] * 40).set_column(1, "cameras", pa.array([0] + [1] * 39))
+    table = table.set_column(5, "text_tokens", pa.array([0] + [5] * 39))  # row 0: no camera, no text
+    pq.write_table(table, tmp_path / "m.parquet")
+    base = ["plan", str(tmp_path / "m.parquet"), "--patch", "14", "--budget-gib", "10"]
+    before = snapshot(tmp_path)
+    code, _, err = cli(capsys, *base, "--out", str(tmp_path / "a.parquet"))
+    one_line_error(err, "row 0 key 's000'", "column 'total' should be at least 1 token(s)")
+    assert code == 1 and snapshot(tmp_path) == before  # nothing written
+    code, out, err = cli(capsys, *base, "--out", str(tmp_path / "b.parquet"), "--on-invalid", "reject", "--json")
+    assert code == 0, err
+    summary = json.loads(out)["summary"]
+    manifest = load_manifest(tmp_path / "b.parquet")
+    buckets = manifest.table.column("bucket").to_pylist()
+    assert (summary["samples"], summary["rejected"], summary["invalid"]) == (39, 1, 1)
+    assert len(buckets) == 40 and buckets[0] == -1 and min(buckets[1:]) >= 0  # every sample is somewhere
+    assert "at least 1 token" in manifest.table.column("reason")[0].as_py()
+    # packing takes an empty sample: it adds no row
+    code, out, err = cli(capsys, *base, "--out", str(tmp_path / "c.parquet"), "--mode", "packed", "--json")
+    assert code == 0, err
+    assert load_manifest(tmp_path / "c.parquet").table.column("bucket").to_pylist()[0] == 0
+
+
+def test_plan_flags_that_do_not_go_together_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pq.write_table(rows(5), tmp_path / "m.parquet")
+    out = ["--out", str(tmp_path / "o.parquet")]
+    for argv, named in (
+        (["plan", str(tmp_path / "m.parquet"), *out], "needs a budget"),
+        (["plan", *out, "--budget-gib", "1"], "needs METADATA"),
+        (["plan", str(tmp_path / "m.parquet"), *out, "--budget-gib", "1", "--cameras", "a"], "--cameras goes with"),
+    ):
+        code, _, err = cli(capsys, *argv)
+        one_line_error(err, named)
+        assert code == 2, argv
+    assert not (tmp_path / "o.parquet").exists()

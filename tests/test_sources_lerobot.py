@@ -467,11 +467,11 @@ def test_cli_plan_lerobot_recipe_file_and_cameras(
 def test_cli_plan_lerobot_argument_errors(pusht: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "m.parquet")
     code, _, err = run(capsys, "plan", "--out", out, *PLAN_FLAGS)
-    assert code == 1 and "needs METADATA" in err and "--lerobot" in err
+    assert code == 2 and "needs METADATA" in err and "--lerobot" in err
     code, _, err = run(capsys, "plan", "meta.parquet", "--lerobot", str(pusht), "--out", out, *PLAN_FLAGS)
-    assert code == 1 and "not both" in err
+    assert code == 2 and "not both" in err
     code, _, err = run(capsys, "plan", "meta.parquet", "--cameras", "a", "--out", out, *PLAN_FLAGS)
-    assert code == 1 and "--cameras goes with --lerobot" in err
+    assert code == 2 and "--cameras goes with --lerobot" in err
     code, _, err = run(
         capsys, "plan", "--lerobot", str(pusht), "--delta-timestamps", "[0.1]", "--out", out, *PLAN_FLAGS
     )

@@ -5,9 +5,10 @@ can catch them all in one place and still tell them apart::
 
     TokenbucketError
      ├── ConfigError            a spec or option is invalid (names the field and the value)
+     │    ├── StateError            a saved sampler / stream / monitor state that cannot be resumed here
+     │    └── UsageError            command-line flags that do not go together (exit status 2)
      ├── PlanError              the plan and the budget disagree
      │    └── OversizeError         a sample does not fit the budget even alone
-     ├── StateError             a saved sampler / stream state that cannot be resumed here
      ├── OOMRiskError           a batch predicted above the risk threshold (``on_risk="raise"``)
      └── MetadataError          a metadata row is invalid (names row, key, column and value)
           ├── MissingColumnError    a required column is absent from the table
@@ -31,6 +32,7 @@ __all__ = [
     "DuplicateKeyError",
     "ImageTooSmallError",
     "InvalidValueError",
+    "ManifestMismatchWarning",
     "MetadataError",
     "MissingColumnError",
     "OOMRiskError",

@@ -7,7 +7,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -277,7 +277,9 @@ def _plan_json(plan: BucketPlan) -> dict[str, Any]:
     }
 
 
-def _print_plan(plan: BucketPlan) -> None:
+def _print_plan(plan: BucketPlan, counts: Mapping[str, int] | None = None) -> None:
+    """The bucket table and a summary line; ``counts`` (a manifest's ``summary()``: ``samples``,
+    ``rejected`` and ``invalid`` as written) replace the plan's own."""
     print(
         f"{'bucket':>6} {'bound':>8} {'batch':>6} {'samples':>9} {'batches':>8} {'peak':>11} {'fill':>6} "
         f"{'padding eff':>12} {'step ms':>9}"
@@ -287,13 +289,14 @@ def _print_plan(plan: BucketPlan) -> None:
             f"{k:>6} {b.bound:>8,} {b.batch_size:>6} {b.samples:>9,} {b.batches:>8,} {_gib(b.predicted_peak_bytes):>11} "
             f"{b.fill:>6.1%} {b.padding_efficiency:>12.1%} {b.step_seconds * 1e3:>9.1f}"
         )
-    s = plan.summary()
+    s = {**plan.summary(), **(counts or {})}
+    invalid = f", {s['invalid']:,} of them invalid rows" if s.get("invalid") else ""
     shapes = s["shapes"] if s["shapes"] is not None else "dynamic"
     print(
         f"{s['samples']:,} samples in {s['batches']:,} batches, {shapes} shapes, padding efficiency "
         f"{s['padding_efficiency']:.1%}, mean fill {s['mean_fill']:.1%}, predicted epoch "
         f"{s['predicted_epoch_seconds'] / 3600:,.2f} h, over budget: {s['over_budget_batches']}; "
-        f"rejected {s['rejected']:,} (budget {_gib(plan.budget_bytes)})"
+        f"rejected {s['rejected']:,}{invalid} (budget {_gib(plan.budget_bytes)})"
     )
     if plan.oversize:
         o = plan.oversize

@@ -40,9 +40,7 @@ def run(args: argparse.Namespace) -> int:
             f"{args.manifest}: {len(manifest):,} rows, created {manifest.meta.get('created')}, "
             f"hash {manifest.content_hash[:12]}"
         )
-        _print_plan(manifest.plan)
-        if summary["invalid"]:
-            print(f"invalid: {summary['invalid']:,} rows rejected (bucket -1, the reason in the reason column)")
+        _print_plan(manifest.plan, summary)
         totals = manifest.table.column("total").drop_null().to_numpy()
         if len(totals):
             print("\nL_total histogram (log2 bins):")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from tokenbucket._exceptions import ConfigError
+from tokenbucket._exceptions import UsageError
 from tokenbucket.cli._common import (
     _add_model_flags,
     _add_spec_flags,
@@ -84,7 +84,7 @@ def _lerobot_metadata(args: argparse.Namespace, path: Path) -> dict[str, Any]:
     if args.cameras is not None:
         cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]
         if not cameras:
-            raise ConfigError(f"--cameras should name at least one camera key, but got --cameras {args.cameras!r}")
+            raise UsageError(f"--cameras should name at least one camera key, but got --cameras {args.cameras!r}")
     pq.write_table(lerobot_rows(args.lerobot, deltas, cameras=cameras), path)
     return {"path": str(args.lerobot), "delta_timestamps": deltas, "cameras": cameras}
 
@@ -92,17 +92,17 @@ def _lerobot_metadata(args: argparse.Namespace, path: Path) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     if args.lerobot is None:
         if not args.metadata:
-            raise ConfigError("plan needs METADATA (files or directories) or --lerobot DATASET")
+            raise UsageError("plan needs METADATA (files or directories) or --lerobot DATASET")
         for flag, value in (("--delta-timestamps", args.delta_timestamps), ("--cameras", args.cameras)):
             if value is not None:
-                raise ConfigError(f"{flag} goes with --lerobot DATASET, but no --lerobot was given")
+                raise UsageError(f"{flag} goes with --lerobot DATASET, but no --lerobot was given")
     elif args.metadata:
-        raise ConfigError(f"give either METADATA or --lerobot DATASET, not both (got METADATA {args.metadata})")
+        raise UsageError(f"give either METADATA or --lerobot DATASET, not both (got METADATA {args.metadata})")
     spec = spec_from_args(args)
     model = model_from_args(args)
     budget = _budget(args)
     if budget is None:
-        raise ConfigError("plan needs a budget: --gpu NAME or --budget-gib X")
+        raise UsageError("plan needs a budget: --gpu NAME or --budget-gib X")
     cost = CostModel(model, args.gpu)
     meta: dict[str, Any] = {"model": model.to_dict(), "gpu": args.gpu}
     with tempfile.TemporaryDirectory(prefix="tokenbucket-plan-") as tmp:
@@ -129,10 +129,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**_plan_json(manifest.plan), "summary": summary}))
     else:
-        _print_plan(manifest.plan)
-        if summary["invalid"]:
-            print(
-                f"invalid: {summary['invalid']:,} rows rejected (bucket -1, the reason in the manifest's reason column)"
-            )
+        _print_plan(manifest.plan, summary)
         print(f"manifest: {args.out} ({len(manifest):,} rows)")
     return 0

@@ -237,6 +237,7 @@ def _count(
     progress: bool | None,
     total_rows: int | None,
     check_keys: bool,
+    min_total: int = 0,
 ) -> tuple[LengthHistogram, np.ndarray]:
     """Pass 1: the lengths of the rows the write will put in a bucket (or find oversize).
 
@@ -253,15 +254,20 @@ def _count(
     needed += [r.column for r in spec.rules().values() if r.column is not None]
     seen = _SeenKeys()
     for table in iter_metadata_batches(
-        paths, batch_rows=batch_rows, columns=needed + ([key] if key else []), key=spec.columns.key
+        paths,
+        batch_rows=batch_rows,
+        columns=needed + ([key] if key else []),
+        key=spec.columns.key,
+        absent=spec.absent_as_zero(),
     ):
-        result = breakdown_table(table, counting, on_invalid="reject")
+        result = breakdown_table(table, counting, on_invalid="reject", min_total=min_total)
         totals = result.totals
         if key is not None:
             dup = seen.add(result.table.column("key"), refuse=True)
             if dup is not None:
                 totals = totals[~dup]
-        hist = hist.merge(LengthHistogram.from_lengths(totals))
+        # a packed plan keeps samples of 0 tokens (NOTE [ Samples without tokens ]): no bin for them
+        hist = hist.merge(LengthHistogram.from_lengths(totals[totals > 0]))
         if keep_lengths:
             raw.append(totals)
         bar.update(table.num_rows)
@@ -332,6 +338,7 @@ def build_manifest(
             progress=progress,
             total_rows=total_rows,
             check_keys=on_invalid == "reject",
+            min_total=0 if mode == "packed" else 1,  # NOTE [ Samples without tokens ]
         )
         lengths: Any = raw if mode in ("dynamic", "packed") else hist  # both simulate the samples themselves
         plan = plan_buckets(
@@ -357,7 +364,9 @@ def build_manifest(
     bar = Progress(total_rows, "writing", progress)
     offset = 0
     try:
-        for table in iter_metadata_batches(paths, batch_rows=batch_rows, key=spec.columns.key):
+        for table in iter_metadata_batches(
+            paths, batch_rows=batch_rows, key=spec.columns.key, absent=spec.absent_as_zero()
+        ):
             part = _manifest_part(table, spec, plan, offset, on_invalid, on_oversize)
             # with on_invalid="reject", rows refused as invalid take no part in the key check
             kept = _not_invalid(part) if on_invalid == "reject" else None
@@ -406,7 +415,13 @@ def _manifest_part(
 ) -> pa.Table:
     """One input batch as manifest rows: breakdown, global index, bucket, reason."""
     bounds = plan.bounds
-    result = breakdown_table(table, spec, on_invalid=on_invalid)  # type: ignore[arg-type]
+    # NOTE [ Samples without tokens ]
+    # A padded row of nothing but padding trains nothing (and an attention row with no key to
+    # attend to is NaN in many kernels): in static and dynamic plans a sample of 0 tokens is an
+    # invalid row, named under on_invalid="raise" and rejected with its reason under "reject".
+    # Packing takes it (it adds no row), so packed plans keep it.
+    min_total = 0 if plan.mode == "packed" else 1
+    result = breakdown_table(table, spec, on_invalid=on_invalid, min_total=min_total)  # type: ignore[arg-type]
     good = result.table
     idx = good.column("index").to_numpy() + offset
     bucket = plan.assign(good.column("total").to_numpy()).astype(np.int32)
