@@ -401,6 +401,9 @@ def test_manifest_used_with_another_spec_or_model_is_refused_or_warned(built: Pa
     with pytest.raises(ConfigError, match=r"token_spec\.patch: 14 in the manifest, 16 given"):
         TokenBucketDataset(list(range(n)), spec=TokenSpec(patch=16), manifest=same)
     assert len(TokenBucketDataset(list(range(n)), spec=SPEC, manifest=same)) == n
+    with pytest.warns(ManifestMismatchWarning, match=r"token_spec\.patch: 14 in the manifest, 16 given"):
+        allowed = TokenBucketDataset(list(range(n)), spec=TokenSpec(patch=16), manifest=same, allow_mismatch=True)
+    assert len(allowed) == n
     assert built.read_bytes() == before
 
 

@@ -60,7 +60,9 @@ class TokenBucketDataset(Dataset[Any]):
         spec: the token spec.
         plan: a :class:`~tokenbucket.plan.buckets.BucketPlan` to assign buckets with; or
         manifest: a :class:`~tokenbucket.plan.manifest.Manifest` (its breakdowns and buckets are
-            used; it must match the dataset's length and keys).
+            used; it must match the dataset's length and keys, and have been planned for ``spec``).
+        allow_mismatch: use a manifest planned for another token spec anyway, with a
+            :class:`~tokenbucket._exceptions.ManifestMismatchWarning` instead of the error.
 
     Items are ``(index, item)``; an index ``>= len(dataset)`` is an empty row and gives
     ``(index, EmptyRow(bucket))``.
@@ -74,12 +76,15 @@ class TokenBucketDataset(Dataset[Any]):
         metadata: Metadata | None = None,
         plan: BucketPlan | None = None,
         manifest: Manifest | None = None,
+        allow_mismatch: bool = False,
     ) -> None:
         self.dataset, self.spec = dataset, spec
         n = len(dataset)
         table = _metadata_table(dataset, metadata, n, spec) if metadata is not None else None
         if manifest is not None:
-            manifest.check_made_for(spec)  # planned for another token spec: its buckets would be wrong here
+            manifest.check_made_for(
+                spec, allow_mismatch=allow_mismatch
+            )  # planned for another token spec: its buckets would be wrong here
             mt = manifest.table
             if mt.num_rows != n:
                 raise ConfigError(f"the manifest has {mt.num_rows:,} rows but the dataset has {n:,} samples")
