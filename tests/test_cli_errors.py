@@ -125,9 +125,10 @@ def test_cli_zero_byte_parquet_is_one_line_naming_the_file(tmp_path: Path, capsy
 
 def test_cli_text_file_named_parquet_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "m.parquet").write_text("key,cameras\na,1\n")
+    before = snapshot(tmp_path)
     code, _, err = cli(capsys, "tokens", str(tmp_path / "m.parquet"))
     one_line_error(err, "m.parquet")
-    assert code == 1
+    assert code == 1 and snapshot(tmp_path) == before
 
 
 def test_cli_missing_metadata_and_empty_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -144,9 +145,10 @@ def test_cli_missing_metadata_and_empty_directory(tmp_path: Path, capsys: pytest
 def test_cli_jsonl_that_is_one_json_array_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "m.jsonl"
     path.write_text(json.dumps([{"key": "a", "cameras": 1, "frames": 1, "height": 224, "width": 224}]))
+    before = snapshot(tmp_path)
     code, _, err = cli(capsys, "tokens", str(path))
-    one_line_error(err, "m.jsonl", "one object per line")
-    assert code == 1
+    one_line_error(err, "m.jsonl", "line 1 should be one JSON object", "but got list")
+    assert code == 1 and snapshot(tmp_path) == before
 
 
 def test_cli_config_that_is_missing_or_not_toml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -155,9 +157,10 @@ def test_cli_config_that_is_missing_or_not_toml(tmp_path: Path, capsys: pytest.C
     one_line_error(err, "nope.toml", "does not exist")
     assert code == 1
     (tmp_path / "bad.toml").write_text("[tokens\npatch = 14\n")
+    before = snapshot(tmp_path)
     code, _, err = cli(capsys, "tokens", "--sample", sample, "--config", str(tmp_path / "bad.toml"))
     one_line_error(err, "bad.toml", "not valid TOML")
-    assert code == 1
+    assert code == 1 and snapshot(tmp_path) == before
 
 
 def test_cli_sample_file_that_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -173,9 +176,12 @@ def test_cli_a_value_of_the_wrong_type_names_row_key_and_column(
     lines = [{"key": f"s{i}", "cameras": 1, "frames": 1, "height": 224, "width": 224} for i in range(4)]
     lines[3]["cameras"] = "two"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    before = snapshot(tmp_path)
     code, _, err = cli(capsys, "tokens", str(path))
-    one_line_error(err, "cameras")
-    assert code == 1
+    one_line_error(err, "row 3 key 's3'", "column 'cameras'", "'two'")
+    assert code == 1 and snapshot(tmp_path) == before
+    code, out, _ = cli(capsys, "tokens", str(path), "--on-invalid", "reject", "--json")
+    assert code == 0 and (json.loads(out)["count"], json.loads(out)["rejected"]) == (3, 1)  # 4 rows, all counted
 
 
 # -- usage ------------------------------------------------------------------------------------------
@@ -183,6 +189,7 @@ def test_cli_a_value_of_the_wrong_type_names_row_key_and_column(
 
 def test_cli_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pq.write_table(rows(3), tmp_path / "m.parquet")
+    before = snapshot(tmp_path)
     for argv in (
         ["tokens"],  # neither METADATA nor --sample
         ["tokens", str(tmp_path / "m.parquet"), "--sample", "{}"],  # both
@@ -192,7 +199,7 @@ def test_cli_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
     ):
         code, out, err = cli(capsys, *argv)
         one_line_error(err)
-        assert code == 2 and out == "", argv
+        assert code == 2 and out == "" and snapshot(tmp_path) == before, argv
 
 
 # -- what the input holds, all of it -----------------------------------------------------------------

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,13 @@ def _read_one(
             columns = [c for c in columns if c in present]
         return pq.read_table(path, columns=columns)
     if fmt == "jsonl":
-        table = _absent_lines(pj.read_json(path), absent)
+        try:
+            table = pj.read_json(path)
+        except pa.ArrowInvalid as exc:
+            if "changed from" not in str(exc):
+                raise
+            table = _read_mixed_jsonl(path)  # NOTE [ Mixed JSONL columns ]
+        table = _absent_lines(table, absent)
     else:
         table = pcsv.read_csv(path, convert_options=_csv_options(key))
     if columns is not None:
@@ -220,6 +227,42 @@ def read_metadata(
         names = {n for t in tables for n in t.column_names}
         tables = [_fill_absent(t, names, absent) for t in tables]
     return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _read_mixed_jsonl(path: Path) -> pa.Table:
+    """A JSONL file whose column changes type between lines, read line by line.
+
+    NOTE [ Mixed JSONL columns ]
+    Arrow's JSON reader refuses a whole file when one line's value has another type than the
+    lines before (``"cameras": "two"`` among numbers), which would lose every sample for one
+    bad row. Such a file is read again with ``json`` one line at a time, and a column whose
+    values do not make one Arrow type is kept as text: the breakdown's validation then refuses
+    just the bad rows, naming row, key and column, and keeps the others.
+    """
+    rows: list[dict[str, Any]] = []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError) as exc:
+                raise ConfigError(f"{str(path)!r} line {number} is not one JSON object: {exc}") from None
+            if not isinstance(row, dict):
+                raise ConfigError(
+                    f"{str(path)!r} line {number} should be one JSON object (JSON metadata is one object per "
+                    f"line), but got {type(row).__name__}"
+                )
+            rows.append(row)
+    columns: dict[str, pa.Array] = {}
+    for name in dict.fromkeys(k for row in rows for k in row):
+        values = [row.get(name) for row in rows]
+        try:
+            columns[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            text = [v if v is None or isinstance(v, str) else json.dumps(v) for v in values]
+            columns[name] = pa.array(text, pa.string())
+    return pa.table(columns)
 
 
 def _absent_lines(table: pa.Table, absent: Mapping[str, Any] | None) -> pa.Table:
