@@ -319,7 +319,7 @@ def test_cli_plan_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     code, _, err = run(capsys, "plan", str(src), "--gpu", "H100-SXM", "--out", str(tmp_path / "x.parquet"))
     assert code == 1 and "do not fit the budget even alone" in err
     code, _, err = run(capsys, "plan", str(src), "--out", str(tmp_path / "x.parquet"))
-    assert code == 1 and "needs a budget" in err
+    assert code == 2 and "needs a budget" in err
 
 
 def test_cli_loads_only_the_verb_it_runs() -> None:

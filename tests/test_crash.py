@@ -56,14 +56,16 @@ def test_crash_plan_killed_at_random_points_leaves_the_old_or_the_new_manifest(
         hashes[name] = load_manifest(out).content_hash
     assert hashes["a"] != hashes["b"]  # so the old and the new manifest can be told apart
     run_s = max(seconds)
+    write_s = _writing_starts(plan_argv(inputs["a"], out), tmp_path, expected)
 
     current = "b"
     killed = left_temporaries = 0
-    for _ in range(KILLS):
+    for i in range(KILLS):
         new = "a" if current == "b" else "b"
         cmd = [sys.executable, "-m", "tokenbucket.cli.main", *plan_argv(inputs[new], out)]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0, run_s))
+        # every other kill inside the write (from its temporary's first sight to the run's end)
+        time.sleep(rng.uniform(0, run_s) if i % 2 else rng.uniform(write_s, run_s))
         proc.send_signal(signal.SIGKILL)  # no-op when it already finished
         proc.wait()
         killed += proc.returncode == -signal.SIGKILL
@@ -86,3 +88,17 @@ def test_crash_plan_killed_at_random_points_leaves_the_old_or_the_new_manifest(
     assert {path: digest(path) for path in inputs.values()} == input_digests
     # the kills did land mid-run, some of them while the manifest was being written
     assert killed >= KILLS // 4 and left_temporaries >= 1, (killed, left_temporaries)
+
+
+def _writing_starts(argv: list[str], folder: Path, expected: set[str]) -> float:
+    """Seconds from a run's start until its temporary appears (the write begins), by polling."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "tokenbucket.cli.main", *argv], stdout=subprocess.DEVNULL)
+    seen = None
+    while proc.poll() is None and seen is None:
+        if any(p.name not in expected for p in folder.iterdir()):
+            seen = time.perf_counter() - start
+        time.sleep(0.002)
+    proc.wait()
+    assert proc.returncode == 0 and seen is not None, "the run wrote no temporary beside --out"
+    return seen
