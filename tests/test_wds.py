@@ -276,16 +276,16 @@ def cut_shard(tmp_path: Path, where: str) -> tuple[Path, int, int, str]:
     return bad, cut, samples, says
 
 
-@pytest.mark.parametrize(
-    "where",
-    [
-        "inside a header",
-        "at a header boundary",
-        "inside a member's data",
-        "before the end blocks",
-        "between the end blocks",
-    ],
-)
+CUTS = [
+    "inside a header",
+    "at a header boundary",
+    "inside a member's data",
+    "before the end blocks",
+    "between the end blocks",
+]
+
+
+@pytest.mark.parametrize("where", CUTS)
 def test_wds_index_truncated_shard_names_shard_and_byte(tmp_path: Path, where: str) -> None:
     bad, cut, samples, says = cut_shard(tmp_path, where)
     before = snapshot(bad)
@@ -298,16 +298,7 @@ def test_wds_index_truncated_shard_names_shard_and_byte(tmp_path: Path, where: s
     assert snapshot(bad) == before
 
 
-@pytest.mark.parametrize(
-    "where",
-    [
-        "inside a header",
-        "at a header boundary",
-        "inside a member's data",
-        "before the end blocks",
-        "between the end blocks",
-    ],
-)
+@pytest.mark.parametrize("where", CUTS)
 def test_wds_index_truncated_shard_skipped_counts_its_samples(tmp_path: Path, where: str) -> None:
     bad, cut, samples, _ = cut_shard(tmp_path, where)
     before = snapshot(bad)
