@@ -226,3 +226,14 @@ def test_out_safety_a_kill_between_the_two_renames_gives_the_old_manifest_back(s
         build_manifest(src, SPEC, COST, out)
     assert load_manifest(out).content_hash == old.content_hash
     assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.parquet", "parts"]
+
+
+def test_out_safety_our_temporary_name_on_a_users_file_is_left_alone(
+    src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "m.parquet"
+    users = tmp_path / f".m.parquet.{_dead_pid()}.tmp"  # our pattern, a dead pid, not Parquet
+    users.write_text("notes the user happened to name like this")
+    code, _ = plan(capsys, src, out)
+    assert code == 0 and len(load_manifest(out)) == ROWS
+    assert users.read_text() == "notes the user happened to name like this"

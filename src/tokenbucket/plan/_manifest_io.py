@@ -331,8 +331,16 @@ def _clear_stale(out: Path) -> None:
         if path.is_dir():
             if all(_PART.fullmatch(p.name) and p.is_file() and not p.is_symlink() for p in path.iterdir()):
                 shutil.rmtree(path)  # only our part files (or none): a temporary directory of ours
-        elif path.is_file():
+        elif path.is_file() and _written_by_us(path):
             path.unlink()
+
+
+def _written_by_us(path: Path) -> bool:
+    """A temporary file a killed build left: empty, or Parquet from its first bytes (a writer
+    puts the magic ``PAR1`` first; the footer a killed one never wrote)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return head in (b"", b"PAR1")
 
 
 def _is_manifest(path: Path) -> bool:
