@@ -3,6 +3,24 @@ sample's breakdown and bucket) and ``BucketCollate`` (pads a batch to its bucket
 
 The batch's own types (:class:`BatchInfo`, :class:`Segment`, NOTE [ Token layout ]) are in
 :mod:`tokenbucket.train.batch`.
+
+NOTE [ Arrow-backed datasets ]
+A Hugging Face ``datasets.Dataset`` keeps its rows in ``ds.data.table`` (a ``pyarrow.Table``,
+memory-mapped when it was loaded from disk) and applies ``.shuffle()`` / ``.select()`` lazily: it
+keeps the table and adds ``ds._indices``, a one-column table of row numbers (``datasets`` has no
+public accessor; ``flatten_indices()`` rewrites every column). The metadata is read from those two
+directly: the columns the spec reads and the extra columns are selected (no copy), then taken
+by the row numbers once (a copy of those columns' Arrow buffers, never of Python rows; none
+at all for a dataset in its stored order). ``datasets`` is not imported: any object with a
+``data.table`` that is a ``pyarrow.Table`` and an ``_indices`` attribute is read this way.
+
+NOTE [ Extra metadata columns ]
+The metadata columns the spec does not read (a ``label``, a ``uid``) are the dataset's
+``meta_columns``: by default every such column holding one boolean, number or string per row
+(list, struct and binary columns such as token or pixel data stay in the items), or the names
+passed as ``meta_columns=``. A batch carries them as ``batch["meta"][name]``, one entry per row
+in the batch's row order: a tensor for a numeric or boolean column without nulls (empty rows
+hold 0 / False), else a list (empty rows hold ``None``); ``row_mask`` tells the rows apart.
 """
 
 from __future__ import annotations
@@ -16,7 +34,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset
 
-from tokenbucket._exceptions import ConfigError
+from tokenbucket._exceptions import ConfigError, MissingColumnError
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.plan.manifest import Manifest
@@ -43,8 +61,11 @@ class MapDataset(Protocol):
     def __getitem__(self, index: int, /) -> Any: ...
 
 
-Metadata: TypeAlias = pa.Table | Mapping[str, Any] | str | Callable[[int], Mapping[str, Any]]
+Metadata: TypeAlias = pa.Table | Mapping[str, Any] | str | Callable[[int], Mapping[str, Any]] | MapDataset
 """What ``TokenBucketDataset(metadata=...)`` takes (see its arguments)."""
+
+MetaValues: TypeAlias = torch.Tensor | list[object]
+"""One extra metadata column of a batch (NOTE [ Extra metadata columns ])."""
 
 _PACKED_OPTIONS = frozenset(PackedOptions.__annotations__)
 
@@ -55,14 +76,24 @@ class TokenBucketDataset(Dataset[Any]):
     Args:
         dataset: the user's map-style dataset.
         metadata: a ``pyarrow.Table`` (or mapping of columns) aligned with ``dataset``; a
-            column name, for datasets that return a column by name (``dataset["meta"]``); or a
-            callable ``index -> dict`` of the sample's metadata.
+            Hugging Face ``datasets.Dataset`` aligned with it (read as Arrow, also after
+            ``.shuffle()`` / ``.select()``: NOTE [ Arrow-backed datasets ]); a column name, for
+            datasets that return a column by name (``dataset["meta"]``); or a callable
+            ``index -> dict`` of the sample's metadata. Left out when ``dataset`` is itself a
+            ``datasets.Dataset``: its own columns are the metadata (with a manifest, only when
+            it holds the cameras column).
         spec: the token spec.
         plan: a :class:`~tokenbucket.plan.buckets.BucketPlan` to assign buckets with; or
         manifest: a :class:`~tokenbucket.plan.manifest.Manifest` (its breakdowns and buckets are
             used; it must match the dataset's length and keys, and have been planned for ``spec``).
         allow_mismatch: use a manifest planned for another token spec anyway, with a
             :class:`~tokenbucket._exceptions.ManifestMismatchWarning` instead of the error.
+        meta_columns: the extra metadata columns batches carry (NOTE [ Extra metadata
+            columns ]); ``None`` (default) takes every scalar column the spec does not read,
+            ``()`` none.
+
+    Raises:
+        MissingColumnError: the metadata lacks a column the spec needs, or one of ``meta_columns``.
 
     Items are ``(index, item)``; an index ``>= len(dataset)`` is an empty row and gives
     ``(index, EmptyRow(bucket))``.
@@ -77,10 +108,16 @@ class TokenBucketDataset(Dataset[Any]):
         plan: BucketPlan | None = None,
         manifest: Manifest | None = None,
         allow_mismatch: bool = False,
+        meta_columns: Sequence[str] | None = None,
     ) -> None:
         self.dataset, self.spec = dataset, spec
         n = len(dataset)
-        table = _metadata_table(dataset, metadata, n, spec) if metadata is not None else None
+        if metadata is None and _uses_own_columns(dataset, spec, with_manifest=manifest is not None):
+            metadata = dataset  # NOTE [ Arrow-backed datasets ]
+        table = _metadata_table(dataset, metadata, n, spec, meta_columns) if metadata is not None else None
+        self.meta_columns: tuple[str, ...] = (
+            tuple(_meta_names(table.schema, spec, meta_columns)) if table is not None else ()
+        )
         if manifest is not None:
             manifest.check_made_for(
                 spec, allow_mismatch=allow_mismatch
@@ -127,7 +164,7 @@ class TokenBucketDataset(Dataset[Any]):
         n = len(self.dataset)
         if index >= n:
             return index, EmptyRow(index - n)
-        return index, self.dataset[index]
+        return index, self.dataset[int(index)]
 
     def breakdown(self, index: int) -> TokenBreakdown:
         """The full breakdown (per camera) of one sample, from its metadata."""
@@ -145,7 +182,7 @@ class TokenBucketDataset(Dataset[Any]):
     def tokens_of(self, index: int, item: Mapping[str, Any], tokens_key: str) -> torch.Tensor:
         """Sample ``index``'s token tensor, refused when its length is not its metadata's count
         (a sample whose data disagrees with its metadata is how "impossible" OOMs happen)."""
-        t: torch.Tensor = item[tokens_key]
+        t = _as_tensor(item[tokens_key], index, tokens_key)
         expected = int(self.lengths[index])
         if t.shape[0] != expected:
             raise ConfigError(
@@ -159,8 +196,29 @@ class TokenBucketDataset(Dataset[Any]):
         per-token shape and dtype from, so that batch looks like every other (read once per key)."""
         if tokens_key not in self._templates:
             first = int(np.flatnonzero(self.buckets >= 0)[0])
-            self._templates[tokens_key] = self.dataset[first][tokens_key]
+            self._templates[tokens_key] = _as_tensor(self.dataset[first][tokens_key], first, tokens_key)
         return self._templates[tokens_key]
+
+    def metadata_columns(self, indices: Sequence[int], rows: int | None = None) -> dict[str, MetaValues]:
+        """The extra metadata columns (:attr:`meta_columns`) of ``indices``, in that order, padded
+        to ``rows`` rows when given (NOTE [ Extra metadata columns ]). Only those rows are read.
+
+        Example:
+            >>> from tokenbucket import CostModel, ModelSpec, plan_buckets
+            >>> meta = pa.table({"cameras": [1, 1], "frames": [1, 1], "height": [28, 28],
+            ...                  "width": [28, 28], "key": ["a", "b"], "label": [3, 4]})
+            >>> cost = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32"))
+            >>> plan = plan_buckets([4, 4], cost, 2**24, multiple=4)
+            >>> data = TokenBucketDataset([{}, {}], spec=TokenSpec(patch=14), metadata=meta, plan=plan)
+            >>> data.metadata_columns([1, 0], rows=3)
+            {'label': tensor([4, 3, 0])}
+        """
+        if not self.meta_columns or self._metadata is None:
+            return {}
+        idx = list(indices)
+        part = self._metadata.select(list(self.meta_columns)).take(pa.array(idx, pa.int64()))
+        pad = max(0, (len(idx) if rows is None else rows) - len(idx))
+        return {name: _meta_values(part.column(name), pad) for name in self.meta_columns}
 
     def batch_info(
         self, indices: Sequence[int], *, bucket: int, shape: tuple[int, int], predicted_peak_bytes: int
@@ -207,8 +265,97 @@ class TokenBucketDataset(Dataset[Any]):
         return BucketBatchSampler(self.buckets, self.plan.batch_sizes.tolist(), plan_id=self.plan_id, **kwargs)
 
 
-def _metadata_table(dataset: MapDataset, metadata: Metadata, n: int, spec: TokenSpec) -> pa.Table | None:
-    if isinstance(metadata, pa.Table):
+def _arrow_source(obj: object) -> tuple[pa.Table, pa.ChunkedArray | None] | None:
+    """``(table, row numbers or None)`` of an Arrow-backed dataset, else ``None``
+    (NOTE [ Arrow-backed datasets ])."""
+    table = getattr(getattr(obj, "data", None), "table", None)
+    if not isinstance(table, pa.Table) or not hasattr(obj, "_indices"):
+        return None
+    mapping = getattr(obj, "_indices", None)
+    if mapping is None:
+        return table, None
+    rows = getattr(mapping, "table", mapping)
+    if not isinstance(rows, pa.Table) or rows.num_columns != 1:
+        raise ConfigError(
+            f"the dataset's indices mapping should be a one-column table of row numbers, but got {type(rows).__name__}"
+        )
+    return table, rows.column(0)
+
+
+def _uses_own_columns(dataset: object, spec: TokenSpec, *, with_manifest: bool) -> bool:
+    """Whether a dataset given without ``metadata=`` is its own metadata (an Arrow-backed one)."""
+    source = _arrow_source(dataset)
+    return source is not None and (not with_manifest or spec.columns.cameras in source[0].column_names)
+
+
+def _spec_columns(spec: TokenSpec) -> set[str]:
+    """The metadata columns the spec reads (those that exist; absent optional ones are fine)."""
+    cols = spec.columns
+    names = {cols.cameras, cols.frames, cols.height, cols.width}
+    if cols.key is not None:
+        names.add(cols.key)
+    names.update(r.column for r in spec.rules().values() if r.column is not None)
+    return names
+
+
+def _is_scalar(t: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_boolean(t)
+        or pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+    )
+
+
+def _meta_names(schema: pa.Schema, spec: TokenSpec, meta_columns: Sequence[str] | None) -> list[str]:
+    """The extra metadata columns (NOTE [ Extra metadata columns ])."""
+    if meta_columns is None:
+        skip = _spec_columns(spec)
+        return [f.name for f in schema if f.name not in skip and _is_scalar(f.type)]
+    if isinstance(meta_columns, str):
+        raise ConfigError(f"meta_columns should be a list of column names, but got meta_columns={meta_columns!r}")
+    for name in meta_columns:
+        if name not in schema.names:
+            raise MissingColumnError(name, schema.names)
+    return list(meta_columns)
+
+
+def _meta_values(col: pa.ChunkedArray, pad: int) -> MetaValues:
+    """One extra column of a batch, ``pad`` empty rows after (NOTE [ Extra metadata columns ])."""
+    t = col.type
+    if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) and not col.null_count:
+        values = col.to_numpy()
+        if pa.types.is_unsigned_integer(t) and t.bit_width > 8:  # torch has no general uint16/32/64
+            values = values.astype(np.int64)
+        # a copy (Arrow's buffers are read-only), with the empty rows' zeros after
+        return torch.from_numpy(np.concatenate([values, np.zeros(pad, values.dtype)]))
+    out: list[object] = col.to_pylist()
+    return out + [None] * pad
+
+
+def _as_tensor(value: object, index: int, key: str) -> torch.Tensor:
+    """An item's ``key`` entry as a tensor: a ``datasets.Dataset`` item holds lists (or NumPy
+    arrays) unless it was given ``.with_format("torch")``."""
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"sample {index}: its {key!r} entry is not a tensor and cannot become one: {exc}") from None
+
+
+def _metadata_table(
+    dataset: MapDataset, metadata: Metadata, n: int, spec: TokenSpec, meta_columns: Sequence[str] | None = None
+) -> pa.Table | None:
+    source = _arrow_source(metadata)
+    if source is not None:  # NOTE [ Arrow-backed datasets ]
+        base, rows = source
+        keep = _spec_columns(spec) | set(_meta_names(base.schema, spec, meta_columns))
+        table = base.select([c for c in base.column_names if c in keep])
+        if rows is not None:
+            table = table.take(rows)
+    elif isinstance(metadata, pa.Table):
         table = metadata
     elif isinstance(metadata, Mapping):
         table = pa.table(dict(metadata))
@@ -221,7 +368,10 @@ def _metadata_table(dataset: MapDataset, metadata: Metadata, n: int, spec: Token
     elif callable(metadata):
         table = table_from_rows([dict(metadata(i)) for i in range(n)], spec.absent_as_zero())
     else:
-        raise ConfigError(f"metadata should be a table, a column name or a callable, but got {type(metadata).__name__}")
+        raise ConfigError(
+            "metadata should be a table, a datasets.Dataset, a column name or a callable, "
+            f"but got {type(metadata).__name__}"
+        )
     if table.num_rows != n:
         raise ConfigError(f"the metadata has {table.num_rows:,} rows but the dataset has {n:,} samples")
     return table
@@ -238,8 +388,10 @@ class BucketCollate:
 
     Returns a dict: ``tokens`` ``[B, L, ...]``, ``attention_mask`` ``[B, L]`` (True on real
     tokens), ``row_mask`` ``[B]`` (False on empty rows), ``index`` ``[B]`` (-1 on empty rows),
+    ``meta`` (the extra metadata columns, one entry per row: NOTE [ Extra metadata columns ]),
     ``layout`` (a list per row of :class:`Segment`, with ``with_layout``) and ``info``
-    (:class:`BatchInfo`). Real rows come first.
+    (:class:`BatchInfo`). Real rows come first. A ``tokens_key`` entry that is not a tensor (a
+    ``datasets.Dataset`` item's lists) is made one.
 
     A batch whose predicted peak (``cost_model``, else the plan's) is above ``risk_threshold``
     of the budget is reported here, before it reaches the GPU, by ``on_risk``: ``"warn"``,
@@ -307,6 +459,7 @@ class BucketCollate:
             "attention_mask": attention,
             "row_mask": row_mask,
             "index": index,
+            "meta": data.metadata_columns(idx, rows),
             "info": info,
         }
         if self.with_layout:
