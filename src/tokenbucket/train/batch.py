@@ -1,6 +1,6 @@
 """What a batch carries besides its tensors: :class:`BatchInfo` (read by the monitor), the
 token layout of a sample (:class:`Segment`), the empty-row marker, and the one padding routine
-every collate uses.
+every collate uses, and :class:`Batch`, the dict a collate returns (it moves itself: ``.to``).
 
 NOTE [ Token layout ]
 A sample's flattened sequence is laid out in breakdown order: each camera in turn (for each
@@ -11,18 +11,19 @@ tokens), then text, proprio, action, memory and the extras in spec order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import FrozenInstanceError, dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from tokenbucket._exceptions import ConfigError
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.tokens.breakdown import TokenBreakdown
 from tokenbucket.tokens.spec import MODALITIES, TokenSpec
 
-__all__ = ["BatchInfo", "BucketedData", "EmptyRow", "Segment", "pad_rows", "token_layout"]
+__all__ = ["Batch", "BatchInfo", "BucketedData", "EmptyRow", "FrozenFieldError", "Segment", "pad_rows", "token_layout"]
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,26 @@ class EmptyRow:
     bucket: int
 
 
-@dataclass(frozen=True)
+class FrozenFieldError(ConfigError, FrozenInstanceError):
+    """A change to an immutable :class:`BatchInfo`: the ``FrozenInstanceError`` a frozen dataclass
+    raises (what ``apply_to_collection`` and ``except`` clauses expect), in the family."""
+
+
+# NOTE [ BatchInfo through the trainers ]
+# Lightning's ``apply_to_collection`` (and so ``move_data_to_device`` and Fabric's precision
+# casts) rebuilds a dataclass by deep-copying it and then setting every field to the result of
+# mapping that field: on a ``frozen=True`` dataclass that set raises and the batch transfer
+# fails. BatchInfo holds no tensors, so every mapped field comes back equal to the old one.
+# BatchInfo is therefore a plain dataclass whose ``__setattr__`` lets a field be set only to a
+# value equal to the one it holds (a no-op) and refuses any change with the same
+# ``FrozenInstanceError`` a frozen dataclass raises (as :class:`FrozenFieldError`): still immutable, still a dataclass
+# (``dataclasses.replace``, ``fields``, equality), and it survives the transfer utilities
+# (tests/test_batch_transfer.py runs them).
+
+
+@dataclass
 class BatchInfo:
-    """What the monitor reads about a batch.
+    """What the monitor reads about a batch (immutable: see NOTE [ BatchInfo through the trainers ]).
 
     ``tokens`` sums the batch's real tokens by modality; ``indices``, ``lengths`` and
     ``row_tokens`` (counts in the order of ``tokens``) are per real row, in row order, so a part
@@ -96,6 +114,17 @@ class BatchInfo:
     lengths: tuple[int, ...] = ()
     row_tokens: tuple[tuple[int, ...], ...] = ()
     cameras: dict[str, int] | None = None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # NOTE [ BatchInfo through the trainers ]: setting a field to an equal value is a no-op
+        if name in self.__dict__ and self.__dict__[name] != value:
+            raise FrozenFieldError(
+                f"BatchInfo is immutable: cannot assign to field {name!r} (make a changed copy with dataclasses.replace)"
+            )
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenFieldError(f"BatchInfo is immutable: cannot delete field {name!r}")
 
     def subset(
         self,
@@ -194,3 +223,51 @@ class BucketedData(Protocol):
     def batch_info(
         self, indices: Sequence[int], *, bucket: int, shape: tuple[int, int], predicted_peak_bytes: int
     ) -> BatchInfo: ...
+
+
+class Batch(dict[str, Any]):
+    """The dict a collate returns, able to move itself: ``batch.to(device)``.
+
+    ``to`` (and ``pin_memory``, which a ``DataLoader(pin_memory=True)`` calls) walks the values,
+    lists, tuples and dicts in them, and moves every tensor; anything else (``info``, strings)
+    is kept as is. Lightning's ``move_data_to_device`` and Accelerate's ``send_to_device`` see
+    the ``to`` method and call it; ``apply_to_collection`` rebuilds it as a ``Batch``.
+
+    Example:
+        >>> b = Batch(x=torch.ones(2), mask=torch.ones(2, dtype=torch.bool), names=["a", "b"])
+        >>> moved = b.to("cpu", dtype=torch.float64)
+        >>> type(moved).__name__, moved["x"].dtype, moved["mask"].dtype, moved["names"]
+        ('Batch', torch.float64, torch.bool, ['a', 'b'])
+    """
+
+    def to(
+        self,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        non_blocking: bool = False,
+    ) -> Batch:
+        """A new batch with every tensor on ``device``; ``dtype`` casts floating-point tensors
+        only (ids and masks keep theirs), as ``torch.nn.Module.to`` does."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            cast = dtype if dtype is not None and t.is_floating_point() else None
+            return t.to(device=device, dtype=cast, non_blocking=non_blocking)
+
+        return Batch({k: _map_tensors(v, move) for k, v in self.items()})
+
+    def pin_memory(self) -> Batch:
+        """A new batch with every tensor in pinned memory (what ``DataLoader(pin_memory=True)`` calls)."""
+        return Batch({k: _map_tensors(v, torch.Tensor.pin_memory) for k, v in self.items()})
+
+
+def _map_tensors(value: object, fn: Callable[[torch.Tensor], torch.Tensor]) -> object:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, list):
+        return [_map_tensors(v, fn) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return type(value)({k: _map_tensors(v, fn) for k, v in value.items()})
+    return value
