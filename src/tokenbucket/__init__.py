@@ -48,6 +48,10 @@ from tokenbucket._exceptions import (
 # sampler in a training job, the cost model in a notebook) does not pay for the others'
 # imports (pyarrow alone is ~27 MiB; see benchmarks/bench_sampler.py).
 _LAZY = {
+    "Batch": "train.batch",
+    "FrozenFieldError": "train.batch",
+    "ModalityCollate": "train.modal",
+    "ModalityKeys": "train.modal",
     "CameraSpec": "tokens.spec",
     "ColumnMap": "tokens.spec",
     "CountRule": "tokens.spec",
@@ -131,8 +135,9 @@ if TYPE_CHECKING:
     from tokenbucket.tokens.lerobot import lerobot_rows
     from tokenbucket.tokens.metadata import read_metadata
     from tokenbucket.tokens.spec import CameraSpec, ColumnMap, CountRule, TokenSpec
-    from tokenbucket.train.batch import BatchInfo, Segment, token_layout
+    from tokenbucket.train.batch import Batch, BatchInfo, FrozenFieldError, Segment, token_layout
     from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
+    from tokenbucket.train.modal import ModalityCollate, ModalityKeys
     from tokenbucket.train.packing import PackedBatchSampler, PackedCollate, block_diagonal_mask
     from tokenbucket.train.risk import RiskSplitSampler
     from tokenbucket.train.sampler import BucketBatchSampler
@@ -140,6 +145,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "Batch",
     "BatchInfo",
     "Breakdowns",
     "Bucket",
@@ -156,6 +162,7 @@ __all__ = [
     "CountRule",
     "DuplicateKeyError",
     "FlopsEstimate",
+    "FrozenFieldError",
     "GPU",
     "GPUS",
     "ImageTooSmallError",
@@ -169,6 +176,8 @@ __all__ = [
     "MemoryEstimate",
     "MetadataError",
     "MissingColumnError",
+    "ModalityCollate",
+    "ModalityKeys",
     "ModelSpec",
     "OOMRiskError",
     "OOMRiskWarning",

@@ -1,8 +1,11 @@
 """train stage: the plan turned into DataLoader batches.
 
 sampler.py     BucketBatchSampler: deterministic, rank-aware, resumable batches of indices
-collate.py     TokenBucketDataset and BucketCollate (pads a batch to its bucket's shape)
-batch.py       BatchInfo, Segment / token_layout, pad_rows: what every collate hands the model and monitor
+collate.py     TokenBucketDataset (any map-style or Hugging Face dataset) and BucketCollate (flattened tokens)
+modal.py       ModalityCollate: LeRobot / Qwen2-VL items batched by modality (stacked cameras or patches)
+shaping.py     BatchShape: a batch's bucket, padded shape, predicted peak and risk, for the collates
+_keys.py       the keys a collate does not know: stacked, padded with a mask, or listed
+batch.py       BatchInfo, Batch (.to / .pin_memory), Segment / token_layout, pad_rows: what every collate hands on
 packing.py     PackedBatchSampler, PackedCollate, block-diagonal and flex masks
 risk.py        a batch predicted above the risk threshold, caught before the GPU; RiskSplitSampler
 """
