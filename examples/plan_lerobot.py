@@ -1,12 +1,14 @@
 """Plan buckets for a LeRobot-format dataset from its metadata alone, and print the bucket table.
 
     python examples/plan_lerobot.py DATASET_DIR      # a LeRobot dataset root (the folder holding meta/)
+    python examples/plan_lerobot.py DIR_A DIR_B      # several datasets as one mixture (keys NAME/ep.../...)
     python examples/plan_lerobot.py                  # a demo folder: a real info.json + made-up episodes
 
 One sample is one frame of one episode; ``delta_timestamps`` (LeRobot's sampling recipe) says
 how many frames of each camera and how many state / action steps a sample loads, so it sets the
 token count. Nothing is decoded: ``meta/info.json`` and the episode list are all it reads.
-The same from the shell: ``tokenbucket plan --lerobot DATASET_DIR --delta-timestamps '{...}' ...``.
+The same from the shell: ``tokenbucket plan --lerobot DATASET_DIR --delta-timestamps '{...}' ...``
+(repeat ``--lerobot [NAME=]DIR[:WEIGHT]`` for a mixture).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table, gpu_budget_bytes
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.tokens.lerobot import lerobot_rows, read_lerobot_metadata
+from tokenbucket.tokens.lerobot_mix import lerobot_mixture
 
 SHARED_INFO = Path(__file__).resolve().parents[2] / "shared" / "data" / "lerobot" / "svla_so100_pickplace.json"
 
@@ -43,18 +46,21 @@ def demo_dataset(root: Path, info: Path = SHARED_INFO, lengths: tuple[int, ...] 
     return root
 
 
-def main(root: Path, *, delta_timestamps: dict[str, list[float]] | None = None) -> object:
-    meta = read_lerobot_metadata(root)
-    rows = lerobot_rows(meta, RECIPE if delta_timestamps is None else delta_timestamps)
+def main(*roots: Path, delta_timestamps: dict[str, list[float]] | None = None) -> object:
+    """Plan one dataset, or several as a mixture (a shared recipe: each takes the keys it has)."""
+    recipe = RECIPE if delta_timestamps is None else delta_timestamps
+    metas = [read_lerobot_metadata(root) for root in roots]
+    rows = lerobot_rows(metas[0], recipe) if len(metas) == 1 else lerobot_mixture(metas, recipe)
     spec = TokenSpec(patch=14, merge=2)  # a ViT at patch 14 with 2x2 token merging
     lengths = breakdown_table(rows, spec).totals
     cost = CostModel(ModelSpec.preset("design-24L-1024"), "H100-SXM")
     plan = plan_buckets(lengths, cost, gpu_budget_bytes("H100-SXM"), max_buckets=8, on_oversize="reject")
-    cams = ", ".join(f"{c.name} {c.height}x{c.width}" for c in meta.info.cameras)
-    print(
-        f"{root}: {rows.num_rows:,} samples (frames) in {len(meta.episode_index)} episodes at {meta.info.fps:g} fps; "
-        f"cameras {cams}"
-    )
+    for meta in metas:
+        cams = ", ".join(f"{c.name} {c.height}x{c.width}" for c in meta.info.cameras)
+        print(
+            f"{meta.root}: {meta.total_frames:,} samples (frames) in {len(meta.episode_index)} episodes at "
+            f"{meta.info.fps:g} fps; cameras {cams}"
+        )
     print(f"tokens per sample: {int(lengths.min()):,} .. {int(lengths.max()):,}\n")
     print(f"{'bucket':>6} {'bound':>8} {'batch':>6} {'samples':>8} {'batches':>8} {'peak GiB':>9} {'pad eff':>8}")
     for k, b in enumerate(plan.buckets):
@@ -67,7 +73,7 @@ def main(root: Path, *, delta_timestamps: dict[str, list[float]] | None = None) 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1:
-        main(Path(sys.argv[1]))
+        main(*(Path(arg) for arg in sys.argv[1:]))
     else:
         with tempfile.TemporaryDirectory() as tmp:
             main(demo_dataset(Path(tmp)))

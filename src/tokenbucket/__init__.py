@@ -48,6 +48,8 @@ from tokenbucket._exceptions import (
 # sampler in a training job, the cost model in a notebook) does not pay for the others'
 # imports (pyarrow alone is ~27 MiB; see benchmarks/bench_sampler.py).
 _LAZY = {
+    "LeRobotSource": "tokens.lerobot_mix",
+    "lerobot_mixture": "tokens.lerobot_mix",
     "Batch": "train.batch",
     "FrozenFieldError": "train.batch",
     "ModalityCollate": "train.modal",
@@ -133,6 +135,7 @@ if TYPE_CHECKING:
     from tokenbucket.stream.dataset import BucketedStream, StreamCollate
     from tokenbucket.tokens.breakdown import Breakdowns, CameraTokens, TokenBreakdown, breakdown_sample, breakdown_table
     from tokenbucket.tokens.lerobot import lerobot_rows
+    from tokenbucket.tokens.lerobot_mix import LeRobotSource, lerobot_mixture
     from tokenbucket.tokens.metadata import read_metadata
     from tokenbucket.tokens.spec import CameraSpec, ColumnMap, CountRule, TokenSpec
     from tokenbucket.train.batch import Batch, BatchInfo, FrozenFieldError, Segment, token_layout
@@ -168,6 +171,7 @@ __all__ = [
     "ImageTooSmallError",
     "InvalidValueError",
     "JsonlSink",
+    "LeRobotSource",
     "LengthHistogram",
     "LoggingSink",
     "Manifest",
@@ -206,6 +210,7 @@ __all__ = [
     "get_gpu",
     "gpu_budget_bytes",
     "ledger_with_whatifs",
+    "lerobot_mixture",
     "lerobot_rows",
     "load_manifest",
     "plan_buckets",

@@ -2,20 +2,23 @@
 
 tokenbucket plan METADATA... [--config F] [--gpu NAME | --budget-gib X] [--max-buckets K]
                  [--mode static|dynamic] [--on-oversize error|reject] --out manifest.parquet [--force] [--json]
-tokenbucket plan --lerobot DATASET [--delta-timestamps JSON|@FILE.json] [--cameras A,B] [plan flags as above]
+tokenbucket plan --lerobot [NAME=]DATASET[:WEIGHT] [--lerobot ...] [--delta-timestamps JSON|@FILE.json]
+                 [--cameras A,B] [--seed N] [plan flags as above]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from tokenbucket._exceptions import UsageError
+from tokenbucket._exceptions import ConfigError, UsageError
 from tokenbucket.cli._common import (
     _add_model_flags,
     _add_spec_flags,
@@ -30,24 +33,39 @@ from tokenbucket.cli._common import (
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.plan.manifest import build_manifest
 from tokenbucket.tokens.lerobot import lerobot_rows
+from tokenbucket.tokens.lerobot_mix import LeRobotSource, lerobot_mixture
 
 __all__ = ["add_arguments", "run"]
+
+_NAMED = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]*)=(.+)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("metadata", nargs="*", help="metadata files or directories (or give --lerobot)")
     parser.add_argument(
         "--lerobot",
-        type=Path,
-        metavar="DATASET",
-        help="plan a LeRobot v2.x/v3.0 dataset from its meta/ folder (one sample per frame)",
+        action="append",
+        metavar="[NAME=]DATASET[:WEIGHT]",
+        help="plan a LeRobot v2.x/v3.0 dataset from its meta/ folder (one sample per frame); repeat it to plan "
+        "a mixture, whose keys are NAME/ep.../... (NAME: default the folder's name). WEIGHT repeats (2) or "
+        "subsamples (0.5) the source's frames. A value that is an existing folder is always a plain DATASET",
     )
     parser.add_argument(
         "--delta-timestamps",
         metavar="JSON",
-        help="with --lerobot: LeRobot's offsets in seconds per key, as a JSON object or @file.json",
+        help="with --lerobot: LeRobot's offsets in seconds per key (multiples of 1/fps), as a JSON object or "
+        "@file.json; in a mixture each source takes the keys it has, or give {NAME: {key: [...]}} per source",
     )
-    parser.add_argument("--cameras", metavar="A,B", help="with --lerobot: the camera keys the policy uses")
+    parser.add_argument(
+        "--cameras",
+        metavar="A,B",
+        help="with --lerobot: the camera keys the policy uses (in a mixture, each source keeps those it has)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="with --lerobot weights: the seed that picks the frames a fractional weight keeps (default 0)",
+    )
     parser.add_argument(
         "--out",
         required=True,
@@ -77,23 +95,75 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_model_flags(parser, mode_flag="--model-mode")
 
 
+def _lerobot_source(text: str) -> tuple[Path, str, float, bool]:
+    """One ``--lerobot [NAME=]DATASET[:WEIGHT]`` value: path, name, weight, and whether NAME or WEIGHT was given."""
+    if Path(text).is_dir():
+        return Path(text), "", 1.0, False
+    match = _NAMED.fullmatch(text)
+    name, rest = (match[1], match[2]) if match else ("", text)
+    weight = 1.0
+    if not Path(rest).is_dir() and ":" in rest:
+        rest, weight_text = rest.rsplit(":", 1)
+        try:
+            weight = float(weight_text)
+        except ValueError:
+            weight = math.nan
+        if not math.isfinite(weight) or weight <= 0:
+            raise UsageError(
+                f"--lerobot {text!r}: WEIGHT should be a positive number, but got {weight_text!r} "
+                f"(the form is [NAME=]DATASET[:WEIGHT])"
+            )
+        return Path(rest), name, weight, True
+    return Path(rest), name, weight, match is not None
+
+
 def _lerobot_metadata(args: argparse.Namespace, path: Path) -> dict[str, Any]:
-    """Write ``--lerobot``'s rows to ``path`` (Parquet); returns what to record in the manifest."""
+    """Write ``--lerobot``'s rows to ``path`` (Parquet); returns what to record in the manifest.
+
+    One plain ``--lerobot DATASET`` keeps the dataset's own keys (``ep.../...``); several, or a
+    NAME or WEIGHT, make a mixture (:func:`~tokenbucket.tokens.lerobot_mix.lerobot_mixture`).
+    """
     deltas = None if args.delta_timestamps is None else _json_object_arg(args.delta_timestamps, "--delta-timestamps")
     cameras = None
     if args.cameras is not None:
         cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]
         if not cameras:
             raise UsageError(f"--cameras should name at least one camera key, but got --cameras {args.cameras!r}")
-    pq.write_table(lerobot_rows(args.lerobot, deltas, cameras=cameras), path)
-    return {"path": str(args.lerobot), "delta_timestamps": deltas, "cameras": cameras}
+    if args.seed is not None and args.seed < 0:
+        raise UsageError(f"--seed should be a non-negative integer, but got --seed {args.seed}")
+    parsed = [_lerobot_source(text) for text in args.lerobot]
+    if len(parsed) == 1 and not parsed[0][3]:
+        root = parsed[0][0]
+        pq.write_table(lerobot_rows(root, deltas, cameras=cameras), path)
+        return {"path": str(root), "delta_timestamps": deltas, "cameras": cameras}
+    sources = []
+    for text, (root, name, weight, _) in zip(args.lerobot, parsed, strict=True):
+        try:
+            sources.append(LeRobotSource(root=root, name=name, weight=weight))
+        except ConfigError as exc:
+            raise UsageError(f"--lerobot {text!r}: {exc}") from None
+    seed = 0 if args.seed is None else args.seed
+    rows = lerobot_mixture(sources, deltas, cameras=cameras, seed=seed)
+    pq.write_table(rows, path)
+    counts = {str(v["values"]): int(v["counts"]) for v in rows.column("source").value_counts().to_pylist()}
+    return {
+        "sources": [{**src.to_dict(), "rows": counts.get(src.name, 0)} for src in sources],
+        "delta_timestamps": deltas,
+        "cameras": cameras,
+        "seed": seed,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
     if args.lerobot is None:
         if not args.metadata:
             raise UsageError("plan needs METADATA (files or directories) or --lerobot DATASET")
-        for flag, value in (("--delta-timestamps", args.delta_timestamps), ("--cameras", args.cameras)):
+        lerobot_flags = (
+            ("--delta-timestamps", args.delta_timestamps),
+            ("--cameras", args.cameras),
+            ("--seed", args.seed),
+        )
+        for flag, value in lerobot_flags:
             if value is not None:
                 raise UsageError(f"{flag} goes with --lerobot DATASET, but no --lerobot was given")
     elif args.metadata:

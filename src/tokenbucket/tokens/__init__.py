@@ -5,4 +5,5 @@ metadata.py    read_metadata / iter_metadata_batches: Parquet, JSONL and CSV fil
 breakdown.py   breakdown_sample (one mapping) and breakdown_table (a whole Arrow table), with rejects
 _vision.py     the per-camera formulas and the vectorised vision pass breakdown.py runs
 lerobot.py     LeRobot v2.x / v3.0 datasets as per-camera metadata rows
+lerobot_mix.py several LeRobot datasets as one mixture: keys prefixed per source, sampling weights
 """
