@@ -92,8 +92,9 @@ def test_collate_metadata_lie_names_key_expected_and_actual() -> None:
 
 def test_collate_layout_covers_every_token_by_camera_frame_and_modality() -> None:
     data, _ = setup()
-    batch = BucketCollate(data, with_layout=True)([data[i] for i in (0, 1)])
-    for segs, i in zip(batch["layout"], (0, 1), strict=True):
+    pair = tuple(int(i) for i in np.flatnonzero(data.buckets == data.buckets[0])[:2])  # a static batch: one bucket
+    batch = BucketCollate(data, with_layout=True)([data[i] for i in pair])
+    for segs, i in zip(batch["layout"], pair, strict=True):
         bd = breakdown_sample(small_meta(60).slice(i, 1).to_pylist()[0], SPEC)
         assert segs[0].start == 0 and segs[-1].stop == bd.total
         assert all(a.stop == b.start for a, b in itertools.pairwise(segs))  # contiguous
@@ -147,3 +148,11 @@ def test_dataset_sampler_collate_in_a_dataloader_with_workers() -> None:
     loader = DataLoader(data, batch_sampler=data.sampler(seed=2), collate_fn=BucketCollate(data), num_workers=2)
     seen = sorted(int(i) for batch in loader for i in batch["index"].tolist() if i >= 0)
     assert seen == list(range(len(data)))
+
+
+def test_collate_static_batch_that_mixes_buckets_is_refused() -> None:
+    data, _ = setup()
+    a = int(np.flatnonzero(data.buckets == data.buckets.min())[0])
+    b = int(np.flatnonzero(data.buckets > data.buckets.min())[0])  # another bucket's sample
+    with pytest.raises(ConfigError, match=rf"a batch mixes buckets: sample {a} is in bucket \d+ but sample {b}"):
+        BucketCollate(data)([data[a], data[b]])

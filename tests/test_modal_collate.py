@@ -307,7 +307,7 @@ def test_modal_collate_qwen2vl_items_concatenated_with_cu_seqlens() -> None:
         rows, n, bound = batch["index"].shape[0], len(real), batch["info"].shape[1]
         assert set(batch) == {
             "pixel_values", "image_grid_thw", "cu_seqlens", "image_rows", "camera_keys",
-            "input_ids", "attention_mask", "labels", "uid", "index", "row_mask", "info",
+            "input_ids", "attention_mask", "labels", "uid", "index", "row_mask", "info", "meta",
         }  # fmt: skip
         src = [items[i] for i in real]
         if not src:  # a rank's padding batch of empty rows only: no image, the text shape kept
@@ -431,7 +431,9 @@ def test_modal_collate_ragged_other_keys_pad_or_list() -> None:
     batch = ModalityCollate(data)([data[a], data[b]])
     assert batch["trace"].shape == (batch["index"].shape[0], b + 1, 2)
     assert batch["trace_mask"][:2].tolist() == [[c <= a for c in range(b + 1)], [True] * (b + 1)]
-    assert batch["meta"][:2] == [{"i": a}, {"i": b}] and batch["meta"][2:] == [None] * (batch["index"].shape[0] - 2)
+    # an item key the collate fills itself ("meta": the metadata's extra columns) comes as "item.<key>"
+    assert batch["item.meta"][:2] == [{"i": a}, {"i": b}]
+    assert batch["item.meta"][2:] == [None] * (batch["index"].shape[0] - 2)
     listed = ModalityCollate(data, ragged="list")([data[a], data[b]])
     assert "trace_mask" not in listed and [t.shape[0] for t in listed["trace"][:2]] == [a + 1, b + 1]
 

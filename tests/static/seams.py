@@ -10,6 +10,7 @@ from tokenbucket.plan._search import PredictsMemory, SupportsCost
 from tokenbucket.testing import RandomTokens
 from tokenbucket.train.batch import BucketedData
 from tokenbucket.train.collate import MapDataset, TokenBucketDataset
+from tokenbucket.train.shaping import ShapedData
 
 
 def analytic_is_a_planner_cost(cost: CostModel) -> SupportsCost:
@@ -29,4 +30,8 @@ def dataset_answers_the_monitor(data: TokenBucketDataset) -> CameraTokens:
 
 
 def torch_dataset_is_a_map_dataset(data: RandomTokens) -> MapDataset:
+    return data
+
+
+def dataset_is_shaped_data(data: TokenBucketDataset) -> ShapedData:
     return data

@@ -25,7 +25,6 @@ hold 0 / False), else a list (empty rows hold ``None``); ``row_mask`` tells the 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, cast
 
@@ -43,8 +42,8 @@ from tokenbucket.tokens.metadata import table_from_rows
 from tokenbucket.tokens.spec import MODALITY_COLUMNS, TokenSpec
 from tokenbucket.train.batch import BatchInfo, EmptyRow, pad_rows, token_layout
 from tokenbucket.train.packing import PackedBatchSampler, PackedOptions
-from tokenbucket.train.risk import apply_risk_policy, check_risk_options, static_split
 from tokenbucket.train.sampler import BucketBatchSampler, SamplerOptions, plan_id_of
+from tokenbucket.train.shaping import BatchShape, MetaValues
 
 if TYPE_CHECKING:  # typing_extensions comes with torch; Unpack is in typing from 3.11
     from typing_extensions import Unpack
@@ -64,8 +63,6 @@ class MapDataset(Protocol):
 Metadata: TypeAlias = pa.Table | Mapping[str, Any] | str | Callable[[int], Mapping[str, Any]] | MapDataset
 """What ``TokenBucketDataset(metadata=...)`` takes (see its arguments)."""
 
-MetaValues: TypeAlias = torch.Tensor | list[object]
-"""One extra metadata column of a batch (NOTE [ Extra metadata columns ])."""
 
 _PACKED_OPTIONS = frozenset(PackedOptions.__annotations__)
 
@@ -409,51 +406,21 @@ class BucketCollate:
         risk_threshold: float = 1.0,
         on_risk: str = "warn",
     ) -> None:
-        check_risk_options(risk_threshold, on_risk)
         self.data, self.tokens_key, self.pad_value = data, tokens_key, pad_value
         self.cost_model, self.with_layout = cost_model, with_layout
         self.risk_threshold, self.on_risk = float(risk_threshold), on_risk
-        self._split_rows: list[int] | None = None
-        if on_risk == "split":
-            if cost_model is None:
-                raise ConfigError("on_risk='split' needs cost_model= to predict the parts of a batch")
-            if data.plan.mode == "static":  # the rows a static part is padded to (NOTE [ Risk before the GPU ])
-                self._split_rows = [
-                    static_split(data.plan, cost_model, k, self.risk_threshold)[1]
-                    for k in range(len(data.plan.buckets))
-                ]
+        self.shape = BatchShape(data, cost_model=cost_model, risk_threshold=risk_threshold, on_risk=on_risk)
 
     def __call__(self, batch: Sequence[tuple[int, Any]]) -> dict[str, Any]:
         data = self.data
-        plan = data.plan
+        bucket = self.shape.bucket_of(batch)
         real = [(i, item) for i, item in batch if not isinstance(item, EmptyRow)]
-        empties = [item for _, item in batch if isinstance(item, EmptyRow)]
-        bucket = int(data.buckets[real[0][0]]) if real else empties[0].bucket
         seqs = [data.tokens_of(i, item, self.tokens_key) for i, item in real]
-        if plan.mode == "static":
-            rows, length = plan.buckets[bucket].batch_size, plan.buckets[bucket].bound
-            if self._split_rows is not None:
-                rows = self._split_rows[bucket]
-        else:
-            rows, length = len(batch), max((s.shape[0] for s in seqs), default=1)
-        if len(batch) > rows:
-            raise ConfigError(
-                f"a batch of {len(batch)} samples for bucket {bucket}, whose batches hold {rows}: "
-                f"the sampler and the collate disagree (a RiskSplitSampler without on_risk='split'?)"
-            )
+        rows, length = self.shape.rows_and_length(bucket, len(batch), max((s.shape[0] for s in seqs), default=1))
         template = seqs[0] if seqs else data.token_template(self.tokens_key)
         idx = [i for i, _ in real]
         tokens, attention, row_mask, index = pad_rows(seqs, idx, rows, length, template, self.pad_value)
-        peak = (
-            int(self.cost_model.memory(rows, length).total)
-            if self.cost_model is not None
-            else plan.buckets[bucket].predicted_peak_bytes
-        )
-        info = data.batch_info(idx, bucket=bucket, shape=(rows, length), predicted_peak_bytes=peak)
-        if info.risk > self.risk_threshold:  # NOTE [ Risk before the GPU ]
-            # per-camera counts need each sample's metadata: only for the rare flagged batch
-            info = dataclasses.replace(info, cameras=data.camera_tokens(idx))
-            apply_risk_policy(info, self.risk_threshold, self.on_risk, can_split=len(idx) > 1)
+        info = self.shape.info(idx, bucket, rows, length)
         out: dict[str, Any] = {
             "tokens": tokens,
             "attention_mask": attention,

@@ -166,7 +166,7 @@ class ModalityCollate:
         used = self._vision(out, parsed, n_real, rows)
         used |= self._text(out, parsed, n_real, rows, length)
         used |= self._state_action(out, parsed, n_real, rows)
-        reserved = set(out) | {"index", "row_mask", "info"}
+        reserved = set(out) | {"index", "row_mask", "info", "meta"}
         for key in _other_keys(parsed, used):
             values = [r.item.get(key, ABSENT) for r in parsed[:n_real]]
             for name, value in collate_other(key, values, parsed[0].item.get(key), rows, self.ragged).items():
@@ -176,6 +176,8 @@ class ModalityCollate:
         index[:n_real] = torch.tensor(idx, dtype=torch.long)
         out["index"] = index
         out["row_mask"] = index >= 0
+        # the metadata's own extra columns (a label, a uid: NOTE [ Extra metadata columns ])
+        out["meta"] = data.metadata_columns(idx, rows)
         out["info"] = self.shape.info(idx, bucket, rows, length)
         return out
 

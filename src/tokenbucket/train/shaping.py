@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 import numpy as np
+import torch
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.train.batch import BatchInfo, BucketedData, EmptyRow
 from tokenbucket.train.risk import apply_risk_policy, check_risk_options, static_split
 
-__all__ = ["BatchShape", "ShapedData"]
+__all__ = ["BatchShape", "MetaValues", "ShapedData"]
+
+MetaValues: TypeAlias = torch.Tensor | list[object]
+"""A metadata column for a batch's rows: a tensor when numeric, a list otherwise."""
 
 
 class ShapedData(BucketedData, Protocol):
@@ -28,6 +32,8 @@ class ShapedData(BucketedData, Protocol):
     gives its ``(index, item)`` pairs."""
 
     def camera_tokens(self, indices: Sequence[int]) -> dict[str, int] | None: ...
+
+    def metadata_columns(self, indices: Sequence[int], rows: int | None = None) -> dict[str, MetaValues]: ...
 
     def __getitem__(self, index: int, /) -> tuple[int, object]: ...
 
@@ -64,11 +70,13 @@ class BatchShape:
                 ]
 
     def bucket_of(self, batch: Sequence[tuple[int, object]]) -> int:
-        """The batch's bucket: its real rows' (all one), else the empty rows' own."""
+        """The batch's bucket: its real rows' (all one in a static plan, whose bucket decides the
+        padded shape; a dynamic batch is padded to its own longest, so it takes its first row's),
+        else the empty rows' own."""
         real = [i for i, item in batch if not isinstance(item, EmptyRow)]
         if real:
             buckets = self.data.buckets[real]
-            if (buckets != buckets[0]).any():
+            if self.data.plan.mode == "static" and (buckets != buckets[0]).any():
                 k = int(np.flatnonzero(buckets != buckets[0])[0])
                 raise ConfigError(
                     f"a batch mixes buckets: sample {real[0]} is in bucket {int(buckets[0])} but sample {real[k]} "
