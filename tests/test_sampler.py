@@ -56,12 +56,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _ddp_worker(rank: int, world: int, port: int, out: str, drop_last: bool, sync: bool) -> None:
+def _ddp_worker(rank: int, world: int, port: int, out: str, drop_last: bool, sync: bool, before: bool) -> None:
+    buckets, sizes = mixture_buckets()
+
+    def build() -> BucketBatchSampler:
+        return BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID, seed=3, drop_last=drop_last, sync_buckets=sync)
+
+    early = build() if before else None  # built before the process group, as user code often is
+    if early is not None:
+        assert (early.rank, early.world_size) == (0, 1)  # no group yet
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        buckets, sizes = mixture_buckets()
-        sampler = BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID, seed=3, drop_last=drop_last, sync_buckets=sync)
-        assert (sampler.rank, sampler.world_size) == (rank, world)  # taken from the process group
+        sampler = early if early is not None else build()
+        assert (sampler.rank, sampler.world_size) == (rank, world)  # taken from the process group, now
         epochs = []
         for epoch in (0, 1):
             sampler.set_epoch(epoch)
@@ -75,26 +82,29 @@ def _ddp_worker(rank: int, world: int, port: int, out: str, drop_last: bool, syn
         dist.destroy_process_group()
 
 
-# world sizes 1-4 with the defaults; drop_last and unsynchronised buckets at 2 and 3 ranks (CI time)
+# world sizes 1-4 with the defaults; drop_last and unsynchronised buckets at 2 and 3 ranks (CI time);
+# a sampler built before the process group at 2 and 3 ranks
 @pytest.mark.parametrize(
-    ("world", "drop_last", "sync"),
+    ("world", "drop_last", "sync", "before"),
     [
-        (1, False, True),
-        (2, False, True),
-        (3, False, True),
-        (4, False, True),
-        (2, True, True),
-        (3, True, True),
-        (2, False, False),
-        (3, False, False),
+        (1, False, True, False),
+        (2, False, True, False),
+        (3, False, True, False),
+        (4, False, True, False),
+        (2, True, True, False),
+        (3, True, True, False),
+        (2, False, False, False),
+        (3, False, False, False),
+        (2, False, True, True),  # the sampler built before init_process_group (NOTE [ Rank at iteration ])
+        (3, True, True, True),
     ],
 )
 @pytest.mark.slow
 def test_sampler_ddp_gloo_every_sample_once_and_equal_steps(
-    tmp_path: Path, world: int, drop_last: bool, sync: bool
+    tmp_path: Path, world: int, drop_last: bool, sync: bool, before: bool
 ) -> None:
     out = tmp_path / "out.json"
-    mp.spawn(_ddp_worker, args=(world, free_port(), str(out), drop_last, sync), nprocs=world, join=True)
+    mp.spawn(_ddp_worker, args=(world, free_port(), str(out), drop_last, sync, before), nprocs=world, join=True)
     ranks = json.loads(out.read_text())
     buckets, _ = mixture_buckets()
     n = len(buckets)
@@ -360,3 +370,20 @@ def test_sampler_from_manifest_static_and_dynamic(tmp_path: Path) -> None:
         assert sampler.plan_id == m.content_hash
     with pytest.raises(ConfigError, match="needs cost_model"):
         BucketBatchSampler.from_manifest(m)
+
+
+def test_sampler_rank_and_world_are_read_when_needed_explicit_ones_win() -> None:
+    buckets, sizes = mixture_buckets(500)
+    lazy = BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID)
+    alone = [list(b) for b in lazy]  # no process group: rank 0 of 1
+    lazy.world_size, lazy.rank = 2, 1  # as if a group of 2 had come up since
+    second = [list(b) for b in lazy]
+    first = [list(b) for b in BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID, rank=0, world_size=2)]
+    assert len(second) == len(first) == len(lazy) < len(alone)  # the epoch was redrawn for 2 ranks
+    n = len(buckets)
+    seen = [i for b in first + second for i in b if i < n]
+    assert sorted(seen) == sorted(i for b in alone for i in b if i < n)  # every sample once across the 2
+    with pytest.raises(ConfigError, match=r"rank should be in \[0, world_size=2\), but got rank=2"):
+        BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID, rank=2, world_size=2)
+    with pytest.raises(ConfigError, match="world_size should be a positive integer, but got world_size=0"):
+        BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID, world_size=0)

@@ -38,7 +38,7 @@ from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.manifest import Manifest
 from tokenbucket.plan.packing import pack_rows
 from tokenbucket.train.batch import BucketedData, EmptyRow, pad_rows, token_layout
-from tokenbucket.train.sampler import POSITION_KEYS, _dist_defaults, empty_row, resume_position, sampler_state
+from tokenbucket.train.sampler import POSITION_KEYS, RankAware, empty_row, resume_position, sampler_state
 
 if TYPE_CHECKING:  # typing_extensions comes with torch; Unpack is in typing from 3.11
     from typing_extensions import Unpack
@@ -201,7 +201,7 @@ class PackedOptions(TypedDict, total=False):
     pool: int
 
 
-class PackedBatchSampler(Sampler[list[int]]):
+class PackedBatchSampler(RankAware, Sampler[list[int]]):
     """One rank's packed batches for ``DataLoader(batch_sampler=...)``, with
     :class:`PackedCollate`: each batch is its rows' indices, rows concatenated.
 
@@ -230,7 +230,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         pool: int = 4096,
         valid: Sequence[bool] | np.ndarray | None = None,
     ) -> None:
-        self.rank, self.world_size = _dist_defaults(rank, world_size)
+        self._set_rank_world(rank, world_size)  # NOTE [ Rank at iteration ]
         if rows_per_batch < 1:
             raise ConfigError(f"rows_per_batch should be a positive integer, but got rows_per_batch={rows_per_batch}")
         self.lengths = np.asarray(lengths, dtype=np.int64)
@@ -240,7 +240,7 @@ class PackedBatchSampler(Sampler[list[int]]):
         self.plan_id, self.seed, self.shuffle, self.pool = plan_id, int(seed), shuffle, pool
         self.mode = "packed"
         self.epoch = self.step = self._resume = 0
-        self._cache: tuple[int, list[list[int]]] | None = None
+        self._cache: tuple[tuple[int, int], list[list[int]]] | None = None  # (epoch, world size) → batches
 
     @classmethod
     def from_dataset(cls, data: BucketedData, **kwargs: Unpack[PackedOptions]) -> PackedBatchSampler:
@@ -266,7 +266,8 @@ class PackedBatchSampler(Sampler[list[int]]):
         return cls(lengths, b.bound, b.batch_size, plan_id=manifest.content_hash, valid=valid, **kwargs)
 
     def _batches(self) -> list[list[int]]:
-        if self._cache is None or self._cache[0] != self.epoch:
+        key = (self.epoch, self.world_size)  # NOTE [ Rank at iteration ]
+        if self._cache is None or self._cache[0] != key:
             rows = pack_rows(
                 self.lengths[self.members],
                 self.pack_length,
@@ -278,8 +279,8 @@ class PackedBatchSampler(Sampler[list[int]]):
             members = self.members.tolist()
             r = self.rows_per_batch
             batches = [[members[i] for row in rows[s : s + r] for i in row] for s in range(0, len(rows), r)]
-            batches += [[empty_row(len(self.lengths), 0)]] * (-len(batches) % self.world_size)
-            self._cache = (self.epoch, batches)
+            batches += [[empty_row(len(self.lengths), 0)]] * (-len(batches) % key[1])
+            self._cache = (key, batches)
         return self._cache[1]
 
     def set_epoch(self, epoch: int) -> None:
@@ -292,10 +293,11 @@ class PackedBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         batches = self._batches()
+        rank, world = self.rank, self.world_size  # read once, as the epoch starts
         start, self._resume = self._resume, 0
-        for s in range(start, len(batches) // self.world_size):
+        for s in range(start, len(batches) // world):
             self.step = s + 1
-            yield batches[s * self.world_size + self.rank]
+            yield batches[s * world + rank]
 
     def state_dict(self) -> dict[str, Any]:
         return sampler_state(self, self.STATE_KEYS)

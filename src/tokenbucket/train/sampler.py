@@ -45,6 +45,7 @@ __all__ = [
     "BucketBatchSampler",
     "DynamicFill",
     "Epoch",
+    "RankAware",
     "SamplerOptions",
     "empty_row",
     "epoch_steps",
@@ -214,7 +215,46 @@ def epoch_steps(
     return Epoch(perm, starts_all, bucket_of, steps, dropped, n)
 
 
-class BucketBatchSampler(Sampler[list[int]]):
+class RankAware:
+    """``rank`` and ``world_size`` read when asked, not when built.
+
+    NOTE [ Rank at iteration ]
+    User code often builds the dataset and its sampler before ``init_process_group`` (or before
+    a launcher such as Accelerate or Lightning sets the group up). A sampler that fixed its rank
+    and world size at construction would then act as rank 0 of 1 on every process, and each
+    sample would be trained once per process. So an explicit ``rank`` / ``world_size`` is kept
+    as given, and a missing one is read from ``torch.distributed`` each time the sampler needs it
+    (an epoch's batches, its length, its state); the epoch cache is keyed on the world size.
+    """
+
+    _rank_arg: int | None = None
+    _world_arg: int | None = None
+
+    def _set_rank_world(self, rank: int | None, world_size: int | None) -> None:
+        if world_size is not None:
+            _dist_defaults(0, world_size)  # the type and range of what was given, now
+        if rank is not None:
+            _dist_defaults(rank, world_size if world_size is not None else rank + 1)
+        self._rank_arg, self._world_arg = rank, world_size
+
+    @property
+    def rank(self) -> int:
+        return _dist_defaults(self._rank_arg, self._world_arg)[0]
+
+    @rank.setter
+    def rank(self, value: int | None) -> None:
+        self._set_rank_world(value, self._world_arg)
+
+    @property
+    def world_size(self) -> int:
+        return _dist_defaults(self._rank_arg, self._world_arg)[1]
+
+    @world_size.setter
+    def world_size(self, value: int | None) -> None:
+        self._set_rank_world(self._rank_arg, value)
+
+
+class BucketBatchSampler(RankAware, Sampler[list[int]]):
     """Yields one rank's batches (lists of dataset indices) for ``DataLoader(batch_sampler=...)``.
 
     Args:
@@ -251,7 +291,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         sync_buckets: bool = True,
         dynamic: DynamicFill | None = None,
     ) -> None:
-        rank, world_size = _dist_defaults(rank, world_size)
+        self._set_rank_world(rank, world_size)  # NOTE [ Rank at iteration ]
         if not isinstance(plan_id, str) or len(plan_id) < 15 or any(c not in "0123456789abcdef" for c in plan_id):
             raise ConfigError(f"plan_id should be a hex digest (the manifest's content hash), but got {plan_id!r}")
         self.buckets = np.asarray(buckets, dtype=np.int64)
@@ -264,14 +304,14 @@ class BucketBatchSampler(Sampler[list[int]]):
             if b < 1:
                 raise ConfigError(f"batch_size should be a positive integer, but got batch_sizes[{k}]={b}")
         self.plan_id, self.shuffle, self.seed, self.drop_last = plan_id, shuffle, int(seed), drop_last
-        self.rank, self.world_size, self.sync_buckets = rank, world_size, sync_buckets
+        self.sync_buckets = sync_buckets
         self.dynamic = dynamic
         self.mode = "dynamic" if dynamic is not None else "static"
         self.epoch = 0
         self.step = 0  # batches yielded this epoch (this rank)
         self._resume_step = 0
         self._cache: Epoch | None = None
-        self._cache_epoch = -1
+        self._cache_key: tuple[int, int] = (-1, 0)  # (epoch, world size) it was drawn for
         self._order: list[np.ndarray] | None = None
         self.dropped = 0
 
@@ -302,7 +342,8 @@ class BucketBatchSampler(Sampler[list[int]]):
     # -- the epoch ---------------------------------------------------------------------------
 
     def _epoch(self) -> Epoch:
-        if self._cache is None or self._cache_epoch != self.epoch:
+        key = (self.epoch, self.world_size)  # NOTE [ Rank at iteration ]: the world as it is now
+        if self._cache is None or self._cache_key != key:
             if self._order is None:  # the same every epoch: group once
                 self._order = members_by_bucket(self.buckets, len(self.batch_sizes))
             self._cache = epoch_steps(
@@ -311,14 +352,14 @@ class BucketBatchSampler(Sampler[list[int]]):
                 seed=self.seed,
                 epoch=self.epoch,
                 plan_id=self.plan_id,
-                world_size=self.world_size,
+                world_size=key[1],
                 sync_buckets=self.sync_buckets,
                 drop_last=self.drop_last,
                 shuffle=self.shuffle,
                 dynamic=self.dynamic,
                 order=self._order,
             )
-            self._cache_epoch = self.epoch
+            self._cache_key = key
         self.dropped = self._cache.dropped
         return self._cache
 
@@ -335,12 +376,13 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         epoch = self._epoch()
+        rank = self.rank  # read once, as the epoch starts (NOTE [ Rank at iteration ])
         start = self._resume_step
         self._resume_step = 0
         self.step = start
         for s in range(start, len(epoch)):
             self.step = s + 1
-            yield epoch.batch(s, self.rank)
+            yield epoch.batch(s, rank)
 
     # -- state -------------------------------------------------------------------------------
 
