@@ -99,7 +99,8 @@ class BatchInfo:
     ``tokens`` sums the batch's real tokens by modality; ``indices``, ``lengths`` and
     ``row_tokens`` (counts in the order of ``tokens``) are per real row, in row order, so a part
     of the batch (:meth:`subset`) is described exactly. ``cameras`` (tokens per camera name) is
-    filled only for a batch flagged as risky, where the report needs it.
+    filled only for a batch flagged as risky, where the report needs it. ``position`` is where
+    the sampler stands once this batch is trained (NOTE [ Position through the workers ]).
     """
 
     bucket: int
@@ -114,6 +115,7 @@ class BatchInfo:
     lengths: tuple[int, ...] = ()
     row_tokens: tuple[tuple[int, ...], ...] = ()
     cameras: dict[str, int] | None = None
+    position: tuple[int, int] | None = None  # (epoch, step) of the sampler after this batch
 
     def __setattr__(self, name: str, value: object) -> None:
         # NOTE [ BatchInfo through the trainers ]: setting a field to an equal value is a no-op
@@ -157,6 +159,7 @@ class BatchInfo:
             lengths=tuple(self.lengths[r] for r in rows),
             row_tokens=tuple(self.row_tokens[r] for r in rows),
             cameras=None,
+            position=self.position,
         )
 
 

@@ -42,7 +42,14 @@ from tokenbucket.tokens.metadata import table_from_rows
 from tokenbucket.tokens.spec import MODALITY_COLUMNS, TokenSpec
 from tokenbucket.train.batch import BatchInfo, EmptyRow, pad_rows, token_layout
 from tokenbucket.train.packing import PackedBatchSampler, PackedOptions
-from tokenbucket.train.sampler import BucketBatchSampler, SamplerOptions, plan_id_of
+from tokenbucket.train.sampler import (
+    BucketBatchSampler,
+    Fetched,
+    SamplerOptions,
+    StepIndices,
+    plan_id_of,
+    position_of,
+)
 from tokenbucket.train.shaping import BatchShape, MetaValues
 
 if TYPE_CHECKING:  # typing_extensions comes with torch; Unpack is in typing from 3.11
@@ -156,6 +163,14 @@ class TokenBucketDataset(Dataset[Any]):
 
     def __len__(self) -> int:
         return len(self.dataset)
+
+    def __getitems__(self, indices: Sequence[int]) -> Fetched:
+        """A batch's items, fetched at once (what a ``DataLoader`` asks for in its workers), with
+        the sampler's position after it (NOTE [ Position through the workers ])."""
+        out = Fetched(self[i] for i in indices)
+        if isinstance(indices, StepIndices):
+            out.position = (indices.epoch, indices.step)
+        return out
 
     def __getitem__(self, index: int) -> tuple[int, Any]:
         n = len(self.dataset)
@@ -420,7 +435,7 @@ class BucketCollate:
         template = seqs[0] if seqs else data.token_template(self.tokens_key)
         idx = [i for i, _ in real]
         tokens, attention, row_mask, index = pad_rows(seqs, idx, rows, length, template, self.pad_value)
-        info = self.shape.info(idx, bucket, rows, length)
+        info = self.shape.info(idx, bucket, rows, length, position_of(batch))
         out: dict[str, Any] = {
             "tokens": tokens,
             "attention_mask": attention,

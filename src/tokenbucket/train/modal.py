@@ -36,6 +36,7 @@ from tokenbucket.tokens.breakdown import CameraTokens, TokenBreakdown
 from tokenbucket.tokens.spec import CameraSpec
 from tokenbucket.train._keys import ABSENT, collate_other, to_tensor
 from tokenbucket.train.batch import Batch, EmptyRow, pad_rows
+from tokenbucket.train.sampler import position_of
 from tokenbucket.train.shaping import BatchShape, ShapedData
 
 __all__ = ["ModalityCollate", "ModalityKeys"]
@@ -178,7 +179,7 @@ class ModalityCollate:
         out["row_mask"] = index >= 0
         # the metadata's own extra columns (a label, a uid: NOTE [ Extra metadata columns ])
         out["meta"] = data.metadata_columns(idx, rows)
-        out["info"] = self.shape.info(idx, bucket, rows, length)
+        out["info"] = self.shape.info(idx, bucket, rows, length, position_of(batch))
         return out
 
     # -- rows ----------------------------------------------------------------------------------

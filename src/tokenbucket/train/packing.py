@@ -37,8 +37,17 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.manifest import Manifest
 from tokenbucket.plan.packing import pack_rows
-from tokenbucket.train.batch import BucketedData, EmptyRow, pad_rows, token_layout
-from tokenbucket.train.sampler import POSITION_KEYS, RankAware, empty_row, resume_position, sampler_state
+from tokenbucket.train.batch import BatchInfo, BucketedData, EmptyRow, pad_rows, token_layout
+from tokenbucket.train.sampler import (
+    POSITION_KEYS,
+    RankAware,
+    StepIndices,
+    empty_row,
+    position_of,
+    resume_position,
+    sampler_state,
+    with_position,
+)
 
 if TYPE_CHECKING:  # typing_extensions comes with torch; Unpack is in typing from 3.11
     from typing_extensions import Unpack
@@ -157,6 +166,8 @@ class PackedCollate:
             cu[1:] = torch.cumsum(torch.tensor(seqlens, dtype=torch.int32), 0)
         peak = int(self.cost_model.memory(R, P).total) if self.cost_model is not None else 0
         info = self.data.batch_info([i for i, _ in samples], bucket=0, shape=(R, P), predicted_peak_bytes=peak)
+        if position_of(batch) is not None:  # NOTE [ Position through the workers ]
+            info = dataclasses.replace(info, position=position_of(batch))
         out = {
             "tokens": tokens,
             "segment_ids": segment,
@@ -297,10 +308,11 @@ class PackedBatchSampler(RankAware, Sampler[list[int]]):
         start, self._resume = self._resume, 0
         for s in range(start, len(batches) // world):
             self.step = s + 1
-            yield batches[s * world + rank]
+            yield StepIndices.of(batches[s * world + rank], self.epoch, s + 1)
 
-    def state_dict(self) -> dict[str, Any]:
-        return sampler_state(self, self.STATE_KEYS)
+    def state_dict(self, *, after: BatchInfo | None = None) -> dict[str, Any]:
+        """Where the sampler stands (``after``: as for :meth:`BucketBatchSampler.state_dict`)."""
+        return with_position(sampler_state(self, self.STATE_KEYS), after)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         mine = sampler_state(self, self.STATE_KEYS, identity_only=True)  # NOTE [ Sampler state keys ]

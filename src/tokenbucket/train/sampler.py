@@ -37,6 +37,7 @@ from torch.utils.data import Sampler
 from tokenbucket._exceptions import ConfigError, StateError
 from tokenbucket.plan._search import OversizeSampleError, PredictsMemory, dynamic_batches
 from tokenbucket.plan.manifest import Manifest
+from tokenbucket.train.batch import BatchInfo
 
 if TYPE_CHECKING:  # typing_extensions comes with torch; Unpack is in typing from 3.11
     from typing_extensions import Unpack
@@ -47,6 +48,7 @@ __all__ = [
     "Epoch",
     "RankAware",
     "SamplerOptions",
+    "StepIndices",
     "empty_row",
     "epoch_steps",
     "members_by_bucket",
@@ -213,6 +215,41 @@ def epoch_steps(
             ids = np.concatenate([ids, np.full(w - tail, -1 - k_last, dtype=np.int64)])
         steps = ids.reshape(-1, w)
     return Epoch(perm, starts_all, bucket_of, steps, dropped, n)
+
+
+class StepIndices(list[int]):
+    """One step's indices, and where the sampler stands once they are trained.
+
+    NOTE [ Position through the workers ]
+    A plain ``DataLoader`` with workers draws batches from the sampler ahead of training
+    (``prefetch_factor`` per worker), so the sampler's own count runs ahead of the steps trained,
+    and a state taken from it would skip the prefetched batches. So each batch of indices carries
+    its ``(epoch, step)``: the dataset's ``__getitems__`` (which the DataLoader's fetcher calls with
+    this very list, in the worker) hands it to the collate, the collate puts it into
+    ``BatchInfo.position``, and ``sampler.state_dict(after=batch["info"])`` is exact at any step.
+    ``StatefulDataLoader`` users need none of this: it accounts for prefetch itself.
+    """
+
+    epoch: int = 0
+    step: int = 0
+
+    @classmethod
+    def of(cls, indices: list[int], epoch: int, step: int) -> StepIndices:
+        out = cls(indices)
+        out.epoch, out.step = epoch, step
+        return out
+
+
+class Fetched(list[tuple[int, object]]):
+    """A batch's ``(index, item)`` pairs and the sampler ``position`` after it (``None``: unknown)."""
+
+    position: tuple[int, int] | None = None
+
+
+def position_of(batch: object) -> tuple[int, int] | None:
+    """The sampler position a collate's input carries (NOTE [ Position through the workers ])."""
+    position = getattr(batch, "position", None)
+    return position if isinstance(position, tuple) else None
 
 
 class RankAware:
@@ -382,16 +419,32 @@ class BucketBatchSampler(RankAware, Sampler[list[int]]):
         self.step = start
         for s in range(start, len(epoch)):
             self.step = s + 1
-            yield epoch.batch(s, rank)
+            yield StepIndices.of(epoch.batch(s, rank), self.epoch, s + 1)
 
     # -- state -------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        return sampler_state(self, self.STATE_KEYS)
+    def state_dict(self, *, after: BatchInfo | None = None) -> dict[str, Any]:
+        """Where the sampler stands; ``after``: the info of the last batch trained, for a plain
+        ``DataLoader`` with workers, whose prefetch runs the sampler ahead (NOTE [ Position
+        through the workers ])."""
+        return with_position(sampler_state(self, self.STATE_KEYS), after)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, step = resume_position(state, sampler_state(self, self.STATE_KEYS, identity_only=True), "sampler")
         self.step = self._resume_step = step
+
+
+def with_position(state: dict[str, Any], after: BatchInfo | None) -> dict[str, Any]:
+    """``state`` at the position ``after`` carries, instead of the sampler's own count."""
+    if after is None:
+        return state
+    if after.position is None:
+        raise StateError(
+            "this batch carries no sampler position: its collate did not get the indices from the sampler through "
+            "TokenBucketDataset (NOTE [ Position through the workers ]); use torchdata's StatefulDataLoader instead"
+        )
+    state[EPOCH_KEY], state[STEP_KEY] = after.position
+    return state
 
 
 def sampler_state(sampler: object, keys: Sequence[str], *, identity_only: bool = False) -> dict[str, Any]:

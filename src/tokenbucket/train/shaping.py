@@ -104,8 +104,11 @@ class BatchShape:
             )
         return rows, length
 
-    def info(self, indices: Sequence[int], bucket: int, rows: int, length: int) -> BatchInfo:
-        """The batch's :class:`BatchInfo`, after the risk policy (which may warn or raise)."""
+    def info(
+        self, indices: Sequence[int], bucket: int, rows: int, length: int, position: tuple[int, int] | None = None
+    ) -> BatchInfo:
+        """The batch's :class:`BatchInfo`, after the risk policy (which may warn or raise);
+        ``position``: the sampler's after this batch (NOTE [ Position through the workers ])."""
         data = self.data
         peak = (
             int(self.cost_model.memory(rows, length).total)
@@ -113,6 +116,8 @@ class BatchShape:
             else data.plan.buckets[bucket].predicted_peak_bytes
         )
         info = data.batch_info(indices, bucket=bucket, shape=(rows, length), predicted_peak_bytes=peak)
+        if position is not None:
+            info = dataclasses.replace(info, position=position)
         if info.risk > self.risk_threshold:  # NOTE [ Risk before the GPU ]
             # per-camera counts need each sample's metadata: only for the rare flagged batch
             info = dataclasses.replace(info, cameras=data.camera_tokens(indices))
