@@ -8,5 +8,6 @@ _keys.py       the keys a collate does not know: stacked, padded with a mask, or
 batch.py       BatchInfo, Batch (.to / .pin_memory), Segment / token_layout, pad_rows: what every collate hands on
 packing.py     PackedBatchSampler, PackedCollate, block-diagonal and flex masks
 risk.py        a batch predicted above the risk threshold, caught before the GPU; RiskSplitSampler
+lightning.py   Lightning: BucketSamplerCallback (set_epoch, checkpointed position, monitor) (optional extra)
 accelerate.py  Hugging Face Accelerate: prepare_loader (no second split), exact resume, tracker_sink (optional extra)
 """
