@@ -9,5 +9,6 @@ batch.py       BatchInfo, Batch (.to / .pin_memory), Segment / token_layout, pad
 packing.py     PackedBatchSampler, PackedCollate, block-diagonal and flex masks
 risk.py        a batch predicted above the risk threshold, caught before the GPU; RiskSplitSampler
 lightning.py   Lightning: BucketSamplerCallback (set_epoch, checkpointed position, monitor) (optional extra)
+hf_trainer.py  Hugging Face Trainer: BucketTrainer (its loader, model inputs, exact resume) (optional extra)
 accelerate.py  Hugging Face Accelerate: prepare_loader (no second split), exact resume, tracker_sink (optional extra)
 """
