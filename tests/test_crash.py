@@ -64,8 +64,11 @@ def test_crash_plan_killed_at_random_points_leaves_the_old_or_the_new_manifest(
         new = "a" if current == "b" else "b"
         cmd = [sys.executable, "-m", "tokenbucket.cli.main", *plan_argv(inputs[new], out)]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        # every other kill inside the write (from its temporary's first sight to the run's end)
-        time.sleep(rng.uniform(0, run_s) if i % 2 else rng.uniform(write_s, run_s))
+        if i % 2:
+            time.sleep(rng.uniform(0, run_s))
+        else:  # every other kill inside the write: once its temporary is seen, a little later
+            _wait_for_temporary(proc, tmp_path, expected)
+            time.sleep(rng.uniform(0, 0.3 * max(run_s - write_s, 0.01)))
         proc.send_signal(signal.SIGKILL)  # no-op when it already finished
         proc.wait()
         killed += proc.returncode == -signal.SIGKILL
@@ -102,3 +105,9 @@ def _writing_starts(argv: list[str], folder: Path, expected: set[str]) -> float:
     proc.wait()
     assert proc.returncode == 0 and seen is not None, "the run wrote no temporary beside --out"
     return seen
+
+
+def _wait_for_temporary(proc: subprocess.Popen[bytes], folder: Path, expected: set[str]) -> None:
+    """Until the run has put a temporary beside ``--out`` (or ended)."""
+    while proc.poll() is None and not any(p.name not in expected for p in folder.iterdir()):
+        time.sleep(0.002)
