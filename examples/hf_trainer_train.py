@@ -18,10 +18,10 @@ import numpy as np
 import torch
 import transformers
 from torch import nn
-from torch.utils.data import Dataset
 
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.testing import RandomTokens
 from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
 from tokenbucket.train.hf_trainer import BucketTrainer
 
@@ -42,27 +42,13 @@ def metadata(n: int, seed: int = 0) -> dict[str, list[int]]:
     }
 
 
-class SyntheticEpisodes(Dataset[dict[str, torch.Tensor]]):
-    """Each sample: a [L, HIDDEN] sequence, L = the sample's token count."""
-
-    def __init__(self, lengths: np.ndarray) -> None:
-        self.lengths = lengths
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(i)
-        return {"tokens": torch.randn(int(self.lengths[i]), HIDDEN, generator=g)}
-
-
 def build(n: int = 96) -> tuple[TokenBucketDataset, BucketCollate]:
     """The dataset (bucketed by a plan for a tiny "GPU") and its collate."""
     meta = metadata(n)
     lengths = breakdown_table(meta, SPEC).totals
     cost = CostModel(ModelSpec(hidden=HIDDEN, layers=1, heads=2, precision="fp32", attention="eager"))
     plan = plan_buckets(lengths, cost, 4 * 2**20, max_buckets=3, multiple=8)
-    data = TokenBucketDataset(SyntheticEpisodes(lengths), metadata=meta, spec=SPEC, plan=plan)
+    data = TokenBucketDataset(RandomTokens(lengths, HIDDEN), metadata=meta, spec=SPEC, plan=plan)
     return data, BucketCollate(data, cost_model=cost)
 
 

@@ -16,12 +16,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket.monitor.hooks import BucketMonitor
 from tokenbucket.monitor.stats import format_summary
 from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.testing import RandomTokens
 from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
 
 HIDDEN = 32
@@ -41,20 +42,6 @@ def metadata(n: int, seed: int = 0) -> dict[str, list[int]]:
     }
 
 
-class SyntheticEpisodes(Dataset[dict[str, torch.Tensor]]):
-    """Each sample: a [L, HIDDEN] sequence, L = the sample's token count."""
-
-    def __init__(self, lengths: np.ndarray) -> None:
-        self.lengths = lengths
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(i)
-        return {"tokens": torch.randn(int(self.lengths[i]), HIDDEN, generator=g)}
-
-
 def main(steps: int = 6, log: Path = Path("runs/train_tiny.jsonl")) -> float:
     spec = TokenSpec(patch=56)  # 224 px -> 16 tokens a frame, 336 px -> 36
     meta = metadata(256)
@@ -64,7 +51,7 @@ def main(steps: int = 6, log: Path = Path("runs/train_tiny.jsonl")) -> float:
     budget = 24 * 2**20  # a tiny "GPU", so the plan has several buckets and batch sizes
     plan = plan_buckets(lengths, cost, budget, max_buckets=4, multiple=8)
 
-    data = TokenBucketDataset(SyntheticEpisodes(lengths), metadata=meta, spec=spec, plan=plan)
+    data = TokenBucketDataset(RandomTokens(lengths, HIDDEN), metadata=meta, spec=spec, plan=plan)
     loader = DataLoader(data, batch_sampler=data.sampler(seed=0), collate_fn=BucketCollate(data, cost_model=cost))
 
     torch.manual_seed(0)
