@@ -23,7 +23,8 @@ pytest.importorskip("transformers")
 import transformers
 
 from tokenbucket import ConfigError, StateError
-from tokenbucket.train.hf_trainer import STATE_FILE, BucketTrainer
+from tokenbucket.monitor.hooks import BucketMonitor
+from tokenbucket.train.hf_trainer import STATE_FILE, BucketTrainer, monitor_file
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "examples") not in sys.path:  # importable by name in the spawned workers
@@ -112,7 +113,7 @@ def test_hf_trainer_gloo_two_epochs_and_mid_epoch_resume_are_exact(tmp_path: Pat
         assert first[r] + resumed[r] == full[r]  # nothing replayed, nothing skipped, same order
 
 
-def _one(tmp_path: Path, **options: object) -> tuple[BucketTrainer, Any]:
+def _one(tmp_path: Path, monitor: BucketMonitor | None = None, **options: object) -> tuple[BucketTrainer, Any]:
     data, collate = example.build(48)
     trainer = BucketTrainer(
         model=example.Denoiser(),
@@ -120,6 +121,7 @@ def _one(tmp_path: Path, **options: object) -> tuple[BucketTrainer, Any]:
         train_dataset=data,
         data_collator=collate,
         sampler=data.sampler(seed=0),
+        monitor=monitor,
     )
     return trainer, data
 
@@ -201,3 +203,37 @@ def test_hf_trainer_resume_at_an_epoch_end_goes_on_with_the_next_epoch(tmp_path:
     resumed.train(resume_from_checkpoint=str(tmp_path / "run" / f"checkpoint-{per_epoch}"))
     assert resumed.last_info is not None and full.last_info is not None
     assert resumed.last_info.indices == full.last_info.indices and resumed.last_info.position == (1, per_epoch)
+
+
+def test_hf_trainer_monitor_records_every_step_and_resumes_with_the_checkpoint(tmp_path: Path) -> None:
+    def monitored(name: str, **options: object) -> tuple[BucketTrainer, BucketMonitor, Path]:
+        data, _ = example.build(48)
+        log = tmp_path / f"{name}.jsonl"
+        monitor = BucketMonitor(data.plan, sinks=[log], memory=None)
+        return _one(tmp_path, monitor, **options)[0], monitor, log
+
+    def steps_per_bucket(monitor: BucketMonitor) -> dict[int, int]:
+        return {int(row["bucket"]): int(row["steps"]) for row in monitor.summary() if row["steps"]}
+
+    full, whole, log = monitored("whole", num_train_epochs=2)
+    trained: list[int] = []
+    original = full.training_step
+
+    def record(model: torch.nn.Module, inputs: dict[str, Any], n: torch.Tensor | int | None = None) -> torch.Tensor:
+        trained.append(inputs["info"].bucket)
+        return original(model, inputs, n)
+
+    full.training_step = record  # type: ignore[method-assign,assignment]
+    full.train()
+    assert whole.step_count == len(trained) > 4
+    assert steps_per_bucket(whole) == dict(Counter(trained))  # every step, under its own bucket
+    assert sum(1 for line in log.read_text().splitlines() if json.loads(line).get("event") == "step") == len(trained)
+
+    head, first, _ = monitored("head", num_train_epochs=2, max_steps=3, save_strategy="steps", save_steps=3)
+    head.train()
+    ckpt = tmp_path / "run" / "checkpoint-3"
+    assert json.loads((ckpt / monitor_file(0)).read_text()) == first.state_dict()
+    rest, resumed, _ = monitored("rest", num_train_epochs=2)
+    rest.train(resume_from_checkpoint=str(ckpt))
+    assert resumed.step_count == whole.step_count  # the 3 saved steps and the rest: the whole run's count
+    assert steps_per_bucket(resumed) == steps_per_bucket(whole)

@@ -62,7 +62,7 @@ from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
 from tokenbucket.train.packing import PackedBatchSampler
 from tokenbucket.train.sampler import BucketBatchSampler, resume_position, sampler_state
 
-__all__ = ["STATE_FILE", "BucketTrainer", "SamplerCheckpoint", "StepMonitor"]
+__all__ = ["STATE_FILE", "BucketTrainer", "SamplerCheckpoint", "StepMonitor", "monitor_file"]
 
 STATE_FILE = "tokenbucket_sampler.json"
 SAMPLER_KEY, LENGTH_KEY = "sampler", "batches_in_epoch"
@@ -74,10 +74,23 @@ class StepMonitor(Protocol):
 
     def step(self, info: BatchInfo, batch: object = None) -> AbstractContextManager[None]: ...
 
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+def monitor_file(rank: int) -> str:
+    """The file in a checkpoint folder that holds rank ``rank``'s monitor state."""
+    return f"tokenbucket_monitor-{rank}.json"
+
 
 class SamplerCheckpoint(transformers.TrainerCallback):
     """Writes ``tokenbucket_sampler.json`` into each checkpoint folder (rank 0 only): the
-    sampler's state after the last batch trained, and its epoch's batch count.
+    sampler's state after the last batch trained, and its epoch's batch count; with a monitor,
+    every rank writes its monitor's state to ``tokenbucket_monitor-RANK.json`` beside it, and
+    flushes the monitor's sinks when training ends.
 
     State keys (in the file): ``sampler`` (the sampler's ``state_dict``), ``batches_in_epoch``.
     """
@@ -92,11 +105,26 @@ class SamplerCheckpoint(transformers.TrainerCallback):
         control: transformers.TrainerControl,
         **kwargs: object,
     ) -> None:
-        if not state.is_world_process_zero or args.output_dir is None:
+        if args.output_dir is None:
             return
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        if folder.is_dir():
+        if not folder.is_dir():
+            return
+        if state.is_world_process_zero:
             (folder / STATE_FILE).write_text(json.dumps(self.trainer.sampler_position()))
+        if self.trainer.monitor is not None:  # each rank's own statistics
+            monitor_state = self.trainer.monitor.state_dict()
+            (folder / monitor_file(args.process_index)).write_text(json.dumps(monitor_state))
+
+    def on_train_end(
+        self,
+        args: transformers.TrainingArguments,
+        state: transformers.TrainerState,
+        control: transformers.TrainerControl,
+        **kwargs: object,
+    ) -> None:
+        if self.trainer.monitor is not None:  # the run's log is whole when train() returns
+            self.trainer.monitor.flush()
 
 
 class BucketTrainer(transformers.Trainer):
@@ -107,7 +135,8 @@ class BucketTrainer(transformers.Trainer):
     Args:
         sampler: the ``BucketBatchSampler`` / ``PackedBatchSampler`` of ``train_dataset``;
             ``train_dataset.sampler(seed=args.seed)`` when left out.
-        monitor: a ``BucketMonitor`` to run around each training step.
+        monitor: a ``BucketMonitor`` to run around each training step; its state is saved with
+            each checkpoint (one file per rank) and loaded on resume.
         model_keys: the batch keys passed to the model (NOTE [ What reaches the model ]).
 
     ``data_collator`` defaults to ``BucketCollate(train_dataset)``. See NOTE [ HF Trainer shards
@@ -210,6 +239,9 @@ class BucketTrainer(transformers.Trainer):
             path = get_last_checkpoint(self.args.output_dir)  # type: ignore[no-untyped-call]
         if isinstance(path, str):
             self._expect = self._saved_next(Path(path))
+            saved_monitor = Path(path) / monitor_file(self.args.process_index)
+            if self.monitor is not None and saved_monitor.is_file():
+                self.monitor.load_state_dict(json.loads(saved_monitor.read_text()))
         return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[arg-type]
 
     def _saved_next(self, folder: Path) -> tuple[int, int]:
