@@ -1,0 +1,430 @@
+"""Staged models: a VLA / VLM read from a Hugging Face ``config.json`` (no pricing here).
+
+A :class:`StagedModel` lists the stages a sample's tokens pass through: vision towers, a
+projector, the backbone (a :class:`ModelSpec`) with its vocabulary, and an optional action
+expert. Parameter counts are exact for the supported architectures (tests/test_hf_config.py
+compares them with transformers on the meta device). The JSON is read by
+:mod:`tokenbucket.tokens.hf`; transformers is never imported.
+
+Example:
+    >>> m = StagedModel.preset("llava-1.5-7b")
+    >>> m.params, m.vision[0].tokens_per_image
+    (7063427072, 577)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.cost.model import ModelSpec
+from tokenbucket.tokens._hf_json import DECODER_TYPES, VISION_DEFAULTS, HFConfig, read_hf_config
+
+__all__ = ["STAGED_PRESETS", "ActionExpert", "Projector", "StagedModel", "VisionTower", "load_hf_config"]
+
+Norm = Literal["layernorm", "rmsnorm"]
+
+
+def _norm(kind: Norm, dim: int) -> int:
+    return 2 * dim if kind == "layernorm" else dim
+
+
+def _linear(d_in: int, d_out: int, bias: bool) -> int:
+    return d_in * d_out + (d_out if bias else 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisionTower:
+    """One ViT: ``layers`` pre-norm blocks of width ``hidden`` over ``patch``-pixel patches.
+
+    ``tokens_per_image`` is the tower's own sequence for a fixed-size tower (CLIP at 336: 576
+    patches + the class token = 577); ``None`` for a dynamic-resolution tower (Qwen2-VL).
+    """
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    ffn: int
+    patch: int
+    image_size: int | None = None
+    temporal_patch: int = 1
+    merge: int = 1
+    channels: int = 3
+    gated_mlp: bool = False
+    norm: Norm = "layernorm"
+    class_token: bool = False
+    register_tokens: int = 0
+    learned_positions: bool = True
+    class_position: bool = True
+    patch_bias: bool = True
+    pre_norm: bool = False
+    post_norm: bool = True
+    layer_scale: bool = False
+    pooling_head: bool = False
+
+    @property
+    def tokens_per_image(self) -> int | None:
+        if self.image_size is None:
+            return None
+        return (self.image_size // self.patch) ** 2 + int(self.class_token) + self.register_tokens
+
+    @property
+    def layer_params(self) -> int:
+        d, f = self.hidden, self.ffn
+        mlp = 3 * d * f + 2 * f + d if self.gated_mlp else 2 * d * f + f + d
+        return 4 * d * d + 4 * d + mlp + 2 * _norm(self.norm, d) + (2 * d if self.layer_scale else 0)
+
+    @property
+    def params(self) -> int:
+        d = self.hidden
+        total = self.layers * self.layer_params
+        total += self.channels * self.temporal_patch * self.patch**2 * d + (d if self.patch_bias else 0)
+        if self.learned_positions:
+            if self.image_size is None:
+                raise AssertionError("learned positions need a fixed image size")
+            total += ((self.image_size // self.patch) ** 2 + int(self.class_token and self.class_position)) * d
+        total += (int(self.class_token) + self.register_tokens) * d
+        total += _norm(self.norm, d) * (int(self.pre_norm) + int(self.post_norm))
+        if self.pooling_head:  # probe, attention (in/out), LayerNorm, MLP
+            total += d + 4 * d * d + 4 * d + 2 * d + 2 * d * self.ffn + self.ffn + d
+        return total
+
+
+@dataclass(frozen=True, kw_only=True)
+class Projector:
+    """Vision features → LLM width: ``in_dim → *hidden_dims → out_dim`` linear layers.
+
+    ``merge`` is the spatial fold it applies before the first layer (Qwen2-VL's PatchMerger folds
+    2x2, so ``in_dim = 4 x vision hidden``; Idefics3's pixel shuffle folds ``scale_factor``²).
+    """
+
+    kind: str
+    in_dim: int
+    out_dim: int
+    hidden_dims: tuple[int, ...] = ()
+    bias: bool = True
+    merge: int = 1
+    norm: Norm | None = None
+    norm_dim: int = 0
+    extra_params: int = 0
+
+    @property
+    def params(self) -> int:
+        dims = (self.in_dim, *self.hidden_dims, self.out_dim)
+        total = sum(_linear(a, b, self.bias) for a, b in itertools.pairwise(dims))
+        return total + (_norm(self.norm, self.norm_dim) if self.norm else 0) + self.extra_params
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionExpert:
+    """An action head: a small transformer (``spec``, pi0's flow-matching expert) or an MLP.
+
+    ``kind="flow"``: state and noisy-action projections in, a time MLP (2w → w → w), an action
+    projection out, all with bias, plus the blocks (Gemma-style: no bias, RMSNorm, no
+    embedding). ``kind="mlp"``: ``width → width → horizon·action_dim`` from the backbone.
+    """
+
+    kind: Literal["flow", "mlp"]
+    width: int
+    horizon: int
+    action_dim: int
+    spec: ModelSpec | None = None
+    head_dim: int | None = None
+
+    @property
+    def params(self) -> int:
+        w, a = self.width, self.action_dim
+        if self.kind == "mlp":
+            return _linear(w, w, True) + _linear(w, self.horizon * a, True)
+        if self.spec is None or self.head_dim is None:
+            raise AssertionError("a flow expert needs spec and head_dim")
+        io = 2 * _linear(a, w, True) + _linear(2 * w, w, True) + _linear(w, w, True) + _linear(w, a, True)
+        return io + _decoder_block_params(self.spec, self.head_dim, "none", 2) + w
+
+
+def _decoder_block_params(spec: ModelSpec, head_dim: int, bias: str, norms: int) -> int:
+    """All blocks of a Llama/Qwen2/Gemma decoder (RMSNorm, gated MLP)."""
+    d, q, kv, f = spec.hidden, spec.heads * head_dim, int(spec.kv_heads or 0) * head_dim, spec.ffn
+    attn = 2 * d * q + 2 * d * kv + {"none": 0, "qkv": q + 2 * kv, "all": q + 2 * kv + d}[bias]
+    return spec.layers * (attn + 3 * d * f + norms * d)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagedModel:
+    """A model as stages: ``vision`` towers (fused when several), ``projector``, ``backbone``.
+
+    ``backbone`` is the block stack the cost model prices (``extra_params=0``); ``head_dim``,
+    ``attn_bias`` and ``norms_per_layer`` make the backbone's count exact where ModelSpec's
+    generic block differs (Gemma's head_dim, Qwen2's q/k/v bias, RMSNorm).
+    """
+
+    name: str
+    model_type: str
+    vision: tuple[VisionTower, ...]
+    projector: Projector | None
+    backbone: ModelSpec
+    vocab: int
+    tied_embeddings: bool
+    head_dim: int
+    attn_bias: Literal["none", "qkv", "all"] = "none"
+    norms_per_layer: int = 2
+    action_expert: ActionExpert | None = None
+
+    def params_by_stage(self) -> dict[str, int]:
+        """Parameters per stage: embedding, vision, projector, backbone (blocks + final norm), head."""
+        d = self.backbone.hidden
+        out = {
+            "embedding": self.vocab * d,
+            "vision": sum(t.params for t in self.vision),
+            "projector": self.projector.params if self.projector else 0,
+            "backbone": _decoder_block_params(self.backbone, self.head_dim, self.attn_bias, self.norms_per_layer) + d,
+            "head": 0 if self.tied_embeddings else self.vocab * d,
+        }
+        if self.action_expert is not None:
+            out["action_expert"] = self.action_expert.params
+        return out
+
+    @property
+    def params(self) -> int:
+        return sum(self.params_by_stage().values())
+
+    @classmethod
+    def preset(cls, name: str) -> StagedModel:
+        """A named preset (see ``STAGED_PRESETS``)."""
+        if name not in STAGED_PRESETS:
+            raise ConfigError(f"unknown staged model preset {name!r}; known presets: {sorted(STAGED_PRESETS)}")
+        return STAGED_PRESETS[name]
+
+
+# -- reading config.json ---------------------------------------------------------------------
+
+
+def _vision_tower(cfg: HFConfig) -> VisionTower:
+    table, where = cfg.section("vision_config")
+    vt = str(table["model_type"])
+    defaults = VISION_DEFAULTS[vt]
+
+    def num(key: str, alias: str | None = None) -> int:
+        if alias is not None and key not in table and alias in table:
+            key = alias
+        return int(cfg.get(table, where, key, defaults.get(key)))
+
+    if vt == "qwen2_vl_vision":
+        width = num("embed_dim")
+        ratio = float(cfg.get(table, where, "mlp_ratio", defaults["mlp_ratio"], float))
+        common: dict[str, Any] = {"hidden": width, "ffn": int(width * ratio)}
+    elif vt == "qwen2_5_vl_vision":
+        common = {"hidden": num("hidden_size"), "ffn": num("intermediate_size"), "gated_mlp": True, "norm": "rmsnorm"}
+    if vt.startswith("qwen2"):
+        return VisionTower(
+            name=vt, layers=num("depth"), heads=num("num_heads"), patch=num("patch_size"),
+            temporal_patch=num("temporal_patch_size"), merge=num("spatial_merge_size"),
+            channels=num("in_channels", "in_chans"), learned_positions=False, patch_bias=False, post_norm=False,
+            **common,
+        )  # fmt: skip
+    use_head = vt == "siglip_vision_model" and bool(cfg.get(table, where, "vision_use_head", True, bool))
+    return VisionTower(
+        name=vt, hidden=num("hidden_size"), layers=num("num_hidden_layers"), heads=num("num_attention_heads"),
+        ffn=num("intermediate_size"), patch=num("patch_size"), image_size=num("image_size"),
+        channels=num("num_channels"), class_token=vt == "clip_vision_model", patch_bias=vt != "clip_vision_model",
+        pre_norm=vt == "clip_vision_model", pooling_head=use_head,
+    )  # fmt: skip
+
+
+# text defaults per decoder model_type (transformers' config classes)
+_TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "tie_word_embeddings": False, "attention_bias": False},
+    "qwen2": {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "tie_word_embeddings": False},
+    "qwen2_vl": {"vocab_size": 152064, "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
+                 "num_attention_heads": 64, "num_key_value_heads": 8, "tie_word_embeddings": False},
+    "gemma": {"vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28,
+              "num_attention_heads": 16, "head_dim": 256, "tie_word_embeddings": True},
+    "gemma2": {"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+               "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "tie_word_embeddings": True},
+}  # fmt: skip
+_PALIGEMMA_TEXT = {"model_type": "gemma", "hidden_size": 2048, "num_hidden_layers": 18, "intermediate_size": 16384,
+                   "num_attention_heads": 8, "num_key_value_heads": 1, "vocab_size": 257152}  # fmt: skip
+_TEXT_TYPE = {"llava": "llama", "llava_next": "llama", "idefics3": "llama", "smolvlm": "llama", "paligemma": "gemma",
+              "qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl"}  # fmt: skip
+
+
+def _text_table(cfg: HFConfig) -> tuple[dict[str, Any], str, str]:
+    """(text keys, key prefix, text model_type): the top level for a decoder or a flat Qwen2-VL config."""
+    mt = cfg.model_type
+    if mt in DECODER_TYPES:
+        return cfg.config, "", mt
+    raw = cfg.config.get("text_config")
+    if raw is None:
+        if mt in ("qwen2_vl", "qwen2_5_vl"):
+            return cfg.config, "", "qwen2_vl"  # hub checkpoints keep the text keys at the top level
+        return (dict(_PALIGEMMA_TEXT) if mt == "paligemma" else {}), "text_config", _TEXT_TYPE[mt]
+    table, where = cfg.section("text_config")
+    tt = str(table.get("model_type", _TEXT_TYPE[mt]))
+    if tt.startswith("qwen2") and tt.endswith("_text"):
+        tt = "qwen2_vl"
+    if tt not in _TEXT_DEFAULTS:
+        raise ConfigError(
+            f"config.json {cfg.path!r}: text_config.model_type {tt!r} is not supported; "
+            f"supported: {', '.join(sorted(_TEXT_DEFAULTS))}"
+        )
+    return table, where, tt
+
+
+def _backbone(cfg: HFConfig) -> tuple[ModelSpec, int, int, bool, str, int]:
+    """(spec, vocab, head_dim, text tie flag, attention bias, norms per layer)."""
+    table, where, tt = _text_table(cfg)
+    defaults = _TEXT_DEFAULTS[tt]
+
+    def num(key: str, default: object = None) -> int:
+        return int(cfg.get(table, where, key, defaults.get(key, default)))
+
+    hidden, heads = num("hidden_size"), num("num_attention_heads")
+    kv = num("num_key_value_heads", heads)
+    head_dim = num("head_dim", hidden // heads) if tt != "qwen2_vl" and tt != "qwen2" else hidden // heads
+    ffn = num("intermediate_size")
+    tie = bool(cfg.get(table, where, "tie_word_embeddings", defaults["tie_word_embeddings"], bool))
+    if tt == "llama":
+        bias = "all" if cfg.get(table, where, "attention_bias", False, bool) else "none"
+        if cfg.get(table, where, "mlp_bias", False, bool):
+            raise ConfigError(
+                f"config.json {cfg.path!r}: key {where + '.' if where else ''}mlp_bias=true is not supported"
+            )
+    else:
+        bias = "qkv" if tt.startswith("qwen2") else "none"
+    spec = ModelSpec(
+        name=f"{cfg.model_type}-backbone", hidden=hidden, layers=num("num_hidden_layers"), heads=heads,
+        kv_heads=kv, mlp_ratio=ffn / hidden, gated_mlp=True,
+    )  # fmt: skip
+    return spec, num("vocab_size"), head_dim, tie, bias, 4 if tt == "gemma2" else 2
+
+
+def _projector(cfg: HFConfig, tower: VisionTower, width: int) -> Projector:
+    mt, top = cfg.model_type, cfg.config
+    if mt in ("qwen2_vl", "qwen2_5_vl"):
+        table, where = cfg.section("vision_config")
+        out_key = "hidden_size" if mt == "qwen2_vl" else "out_hidden_size"
+        out = int(cfg.get(table, where, out_key, VISION_DEFAULTS[str(table["model_type"])][out_key]))
+        folded = tower.hidden * tower.merge**2
+        return Projector(kind="patch_merger", in_dim=folded, out_dim=out, hidden_dims=(folded,), merge=tower.merge,
+                         norm=tower.norm, norm_dim=tower.hidden)  # fmt: skip
+    if mt in ("llava", "llava_next"):
+        bias = bool(cfg.get(top, "", "multimodal_projector_bias", True, bool))
+        newline = width if mt == "llava_next" else 0
+        return Projector(kind="mlp", in_dim=tower.hidden, out_dim=width, hidden_dims=(width,), bias=bias,
+                         extra_params=newline)  # fmt: skip
+    if mt == "paligemma":
+        return Projector(kind="linear", in_dim=tower.hidden, out_dim=int(cfg.get(top, "", "projection_dim", 2048)))
+    scale = int(cfg.get(top, "", "scale_factor", 2))
+    return Projector(kind="pixel_shuffle", in_dim=tower.hidden * scale**2, out_dim=width, bias=False, merge=scale)
+
+
+def staged_from_config(cfg: HFConfig, name: str | None = None) -> StagedModel:
+    """The :class:`StagedModel` of an already-read config (what :func:`load_hf_config` returns)."""
+    mt = cfg.model_type
+    spec, vocab, head_dim, text_tie, bias, norms = _backbone(cfg)
+    vision: tuple[VisionTower, ...] = ()
+    projector = None
+    tie = text_tie
+    if mt not in DECODER_TYPES:
+        vision = (_vision_tower(cfg),)
+        projector = _projector(cfg, vision[0], spec.hidden)
+        root_default = mt == "paligemma"
+        tie = bool(cfg.get(cfg.config, "", "tie_word_embeddings", root_default, bool)) or (
+            text_tie and "text_config" in cfg.config
+        )
+    return StagedModel(
+        name=name or str(cfg.config.get("_name_or_path") or mt), model_type=mt, vision=vision, projector=projector,
+        backbone=spec, vocab=vocab, tied_embeddings=tie, head_dim=head_dim, attn_bias=bias,  # type: ignore[arg-type]
+        norms_per_layer=norms,
+    )  # fmt: skip
+
+
+def load_hf_config(path: str | Path) -> StagedModel:
+    """Read a Hugging Face ``config.json`` (a file, or a directory holding one) as a :class:`StagedModel`.
+
+    Raises:
+        ConfigError: the file is missing or not a JSON object, its ``model_type`` is not
+            supported, or a key the model needs is missing or of the wrong type (each one line
+            naming the file and the key).
+    """
+    return staged_from_config(read_hf_config(path))
+
+
+# -- presets ----------------------------------------------------------------------------------
+
+_PALIGEMMA_3B = {
+    "model_type": "paligemma", "projection_dim": 2048,
+    "text_config": {**_PALIGEMMA_TEXT, "vocab_size": 257216},
+    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
+                      "num_hidden_layers": 27, "num_attention_heads": 16, "patch_size": 14, "image_size": 224,
+                      "vision_use_head": False},
+}  # fmt: skip
+_QWEN2_VL_2B = {
+    "model_type": "qwen2_vl", "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+    "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+    "vision_config": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16, "in_chans": 3,
+                      "hidden_size": 1536, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+}  # fmt: skip
+_LLAVA_15_7B = {"model_type": "llava", "text_config": {"model_type": "llama", "vocab_size": 32064}}
+
+
+def _from_dict(name: str, config: dict[str, Any]) -> StagedModel:
+    return staged_from_config(HFConfig(f"<preset {name}>", config), name)
+
+
+def _pi0() -> StagedModel:
+    # openpi's pi0: PaliGemma-3B (vocab 257152) + a Gemma-300M-shaped flow-matching expert
+    # without token embeddings; 50-step chunks of 32-dim actions.
+    base = _from_dict("pi0", {**_PALIGEMMA_3B, "text_config": dict(_PALIGEMMA_TEXT)})
+    expert = ModelSpec(name="gemma-300m-expert", hidden=1024, layers=18, heads=8, kv_heads=1, mlp_ratio=4.0,
+                       gated_mlp=True)  # fmt: skip
+    action = ActionExpert(kind="flow", width=1024, horizon=50, action_dim=32, spec=expert, head_dim=256)
+    return dataclasses.replace(base, action_expert=action)
+
+
+def _openvla() -> StagedModel:
+    # OpenVLA (prismatic): timm DINOv2-L/14 with 4 registers and LayerScale + SigLIP-so400m/14
+    # with its attention-pool head, both at 224; features concatenated (1024 + 1152 = 2176);
+    # a 3-layer GELU MLP to Llama-2-7B (vocab 32000 padded to 32064).
+    dino = VisionTower(
+        name="dinov2-vit-l-14-reg4",
+        hidden=1024,
+        layers=24,
+        heads=16,
+        ffn=4096,
+        patch=14,
+        image_size=224,
+        class_token=True,
+        class_position=False,
+        register_tokens=4,
+        layer_scale=True,
+    )  # fmt: skip  (timm's no_embed_class: no position for the class token)
+    siglip = VisionTower(name="siglip-so400m-14", hidden=1152, layers=27, heads=16, ffn=4304, patch=14,
+                         image_size=224, pooling_head=True)  # fmt: skip
+    llama = _from_dict("openvla", _LLAVA_15_7B)
+    fused = dino.hidden + siglip.hidden
+    projector = Projector(kind="fused_mlp", in_dim=fused, out_dim=4096, hidden_dims=(4 * fused, 4096))
+    return dataclasses.replace(llama, model_type="openvla", vision=(dino, siglip), projector=projector)
+
+
+def _qwen2_vl_vla() -> StagedModel:
+    # Qwen2-VL-2B with an illustrative MLP action head: an 8-step chunk of 7-DoF actions.
+    base = _from_dict("qwen2-vl-vla", _QWEN2_VL_2B)
+    return dataclasses.replace(base, action_expert=ActionExpert(kind="mlp", width=1536, horizon=8, action_dim=7))
+
+
+STAGED_PRESETS: dict[str, StagedModel] = {
+    "llava-1.5-7b": _from_dict("llava-1.5-7b", _LLAVA_15_7B),
+    "openvla": _openvla(),
+    "paligemma-3b": _from_dict("paligemma-3b", _PALIGEMMA_3B),
+    "pi0": _pi0(),
+    "qwen2-vl-2b": _from_dict("qwen2-vl-2b", _QWEN2_VL_2B),
+    "qwen2-vl-vla": _qwen2_vl_vla(),
+}
