@@ -51,7 +51,9 @@ class Recorder(example.Denoiser):  # type: ignore[misc,name-defined]
         return super().training_step(batch, batch_idx)  # type: ignore[no-any-return]
 
 
-def _fit(out: Path, tag: str, *, ckpt: str | None = None, stop: int | None = None) -> None:
+def _fit(
+    out: Path, tag: str, *, ckpt: str | None = None, stop: int | None = None, distributed_sampler: bool = False
+) -> None:
     data, collate, _ = example.build(N)
     sampler = data.sampler(seed=3)  # built before the process group (NOTE [ Rank at iteration ])
     loader = DataLoader(data, batch_sampler=sampler, collate_fn=collate)
@@ -66,7 +68,7 @@ def _fit(out: Path, tag: str, *, ckpt: str | None = None, stop: int | None = Non
         accelerator="cpu",
         devices=2,
         strategy="ddp_spawn",
-        use_distributed_sampler=False,
+        use_distributed_sampler=distributed_sampler,
         max_epochs=2,
         max_steps=stop if stop is not None else -1,
         callbacks=callbacks,
@@ -179,3 +181,11 @@ def test_lightning_one_process_set_epoch_and_exact_resume(tmp_path: Path) -> Non
     first = run("one_first", stop=stop)
     resumed = run("one_resumed", ckpt=str(tmp_path / "ckpt" / "one.ckpt"))
     assert len(first) == stop and first + resumed == full
+
+
+@pytest.mark.slow
+@LIGHTNING_WARNINGS
+def test_lightning_default_distributed_sampler_fails_the_real_fit_before_a_step(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match=r"cannot wrap a tokenbucket batch sampler.*use_distributed_sampler=False"):
+        _fit(tmp_path, "default", distributed_sampler=True)  # 2 spawned gloo processes, Lightning's default
+    assert not list(tmp_path.glob("default_*.jsonl"))  # refused at fit: no step was trained on any rank
