@@ -118,9 +118,10 @@ def test_cli_bad_row_exits_1_with_the_row_named(tmp_path: Path, capsys: pytest.C
     assert code == 0 and "1 rejected" in out
 
 
-def test_cli_bad_flags_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "tokens", "--sample", "{}", "--patch", "0")
-    assert code == 1 and "patch=0" in err
+def test_cli_bad_flags_exit_2_and_bad_values_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:  # a flag's value: argparse's usage error, in the flag's words
+        main(["tokens", "--sample", "{}", "--patch", "0"])
+    assert info.value.code == 2 and "--patch should be a positive integer, got 0" in capsys.readouterr().err
     code, _, err = run(capsys, "tokens", "--sample", "[1]")
     assert code == 1 and "JSON object" in err
 
@@ -203,10 +204,8 @@ def test_cli_cost_model_flags_and_budget(capsys: pytest.CaptureFixture[str]) -> 
         capsys, "cost", "--hidden", "1000", "--layers", "2", "--heads", "16", "--batch", "1", "--length", "8"
     )
     assert code == 1 and "heads should divide hidden" in err
-    code, _, err = run(capsys, "cost", "--batch", "1", "--length", "8", "--gpu", "TPU")
-    assert code == 1 and "H100-SXM" in err
-    code, _, err = run(capsys, "cost", "--batch", "-1", "--length", "8")
-    assert code == 1 and "batch=-1" in err
+    code, _, err = run(capsys, "cost", "--batch", "1", "--length", "8", "--gpu", "H100-SXN")
+    assert code == 2 and "--gpu 'H100-SXN': unknown GPU; did you mean H100-SXM" in err
 
 
 def test_cli_ledger_json_with_whatif(capsys: pytest.CaptureFixture[str]) -> None:

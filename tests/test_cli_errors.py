@@ -96,7 +96,7 @@ def test_cli_cost_refuses_a_flag_that_is_not_a_finite_number(
 ) -> None:
     extra = [] if flag == "--budget-gib" else ["--budget-gib", "10"]
     code, out, err = cli(capsys, "cost", "--batch", "1", "--length", "64", f"{flag}={value}", *extra)
-    one_line_error(err, f"argument {flag}", repr(value))
+    one_line_error(err, f"{flag} should be a positive number, got {value!r}")
     assert code == 2 and out == ""
 
 
@@ -109,7 +109,7 @@ def test_cli_plan_refuses_a_budget_that_is_not_finite_and_writes_nothing(
     code, _, err = cli(
         capsys, "plan", str(tmp_path / "m.parquet"), "--budget-gib", value, "--out", str(tmp_path / "o.parquet")
     )
-    one_line_error(err, "argument --budget-gib")
+    one_line_error(err, f"--budget-gib should be a positive number, got {value!r}")
     assert code == 2 and snapshot(tmp_path) == before
 
 
@@ -269,7 +269,7 @@ def test_cli_demo_never_writes_into_a_folder_of_the_users(tmp_path: Path, capsys
 @pytest.mark.parametrize("samples", ["0", "-5", "many"])
 def test_cli_demo_refuses_a_sample_count_below_one(capsys: pytest.CaptureFixture[str], samples: str) -> None:
     code, _, err = cli(capsys, "demo", f"--samples={samples}", "--out", "unused")
-    one_line_error(err, "argument --samples")
+    one_line_error(err, "--samples should be a positive integer, got")
     assert code == 2 and not Path("unused").exists()
 
 
@@ -321,3 +321,88 @@ def test_plan_flags_that_do_not_go_together_exit_2(tmp_path: Path, capsys: pytes
         one_line_error(err, named)
         assert code == 2, argv
     assert not (tmp_path / "o.parquet").exists()
+
+
+# -- a flag's bad value, in the flag's words (NOTE [ Flag values ]) -------------------------------------------
+
+MODEL_FLAGS = [
+    ("--hidden", "0", "--hidden should be a positive integer, got 0"),
+    ("--layers", "0", "--layers should be a positive integer, got 0"),
+    ("--heads", "-2", "--heads should be a positive integer, got -2"),
+    ("--kv-heads", "0", "--kv-heads should be a positive integer, got 0"),
+    ("--mlp-ratio", "0", "--mlp-ratio should be a positive number, got 0"),
+    ("--window", "0", "--window should be a positive integer, got 0"),
+    ("--extra-params", "-1", "--extra-params should be a non-negative integer, got -1"),
+    ("--extra-bytes", "1.5", "--extra-bytes should be a non-negative integer, got '1.5'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--batch", "0", "--batch should be a positive integer, got 0"),
+        ("--batch", "two", "--batch should be a positive integer, got 'two'"),
+        ("--length", "-8", "--length should be a positive integer, got -8"),
+        ("--budget-gib", "0", "--budget-gib should be a positive number, got 0"),
+        ("--budget-gib", "-3.5", "--budget-gib should be a positive number, got -3.5"),
+        ("--mfu", "0", "--mfu should be a number in (0, 1], got 0"),
+        ("--mfu", "1.5", "--mfu should be a number in (0, 1], got 1.5"),
+        ("--gpu", "h100", "--gpu 'h100' is ambiguous: did you mean H100-SXM or H100-PCIe?"),
+        ("--gpu", "a100", "--gpu 'a100' is ambiguous: did you mean A100-40GB or A100-80GB?"),
+        ("--gpu", "H100-SXN", "--gpu 'H100-SXN': unknown GPU; did you mean H100-SXM"),
+        *MODEL_FLAGS,
+    ],
+)
+def test_cli_cost_flag_value_is_refused_in_the_flags_words(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
+    argv = {"--batch": "1", "--length": "64", flag: value}  # the flag under test replaces a good value
+    code, out, err = cli(capsys, "cost", *(f"{k}={v}" for k, v in argv.items()))
+    line = one_line_error(err)
+    assert line.startswith(f"tokenbucket cost: error: {message}"), line
+    assert "=0," not in line and "but got" not in line  # not the library's batch=0 form
+    assert code == 2 and out == ""
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--max-buckets", "0", "--max-buckets should be a positive integer, got 0"),
+        ("--budget-gib", "-1", "--budget-gib should be a positive number, got -1"),
+        ("--gpu", "h100", "--gpu 'h100' is ambiguous: did you mean H100-SXM or H100-PCIe?"),
+        ("--gpu", "TPU-v5", "--gpu 'TPU-v5': unknown GPU; `tokenbucket gpus` lists the 13 known ones"),
+        ("--patch", "0", "--patch should be a positive integer, got 0"),
+        ("--merge", "0", "--merge should be a positive integer, got 0"),
+        ("--tubelet", "0", "--tubelet should be a positive integer, got 0"),
+        ("--min-pixels", "-1", "--min-pixels should be a non-negative integer, got -1"),
+        ("--max-pixels", "0", "--max-pixels should be a positive integer, got 0"),
+        ("--tokens-per-frame", "0", "--tokens-per-frame should be a positive integer, got 0"),
+        ("--special-per-frame", "-1", "--special-per-frame should be a non-negative integer, got -1"),
+        ("--special-per-camera", "-1", "--special-per-camera should be a non-negative integer, got -1"),
+        ("--camera-slots", "0", "--camera-slots should be a positive integer, got 0"),
+        ("--fixed-size", "0x224", "--fixed-size should be HEIGHTxWIDTH or SIDE in pixels (positive integers), got"),
+        *MODEL_FLAGS,
+    ],
+)
+def test_cli_plan_flag_value_is_refused_in_the_flags_words_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
+    pq.write_table(rows(12), tmp_path / "m.parquet")
+    before = snapshot(tmp_path)
+    budget = {} if flag in ("--gpu", "--budget-gib") else {"--budget-gib": "10"}
+    argv = [str(tmp_path / "m.parquet"), "--out", str(tmp_path / "o.parquet")]
+    code, out, err = cli(capsys, "plan", *argv, *(f"{k}={v}" for k, v in {**budget, flag: value}.items()))
+    line = one_line_error(err)
+    assert line.startswith(f"tokenbucket plan: error: {message}"), line
+    assert code == 2 and out == ""
+    assert snapshot(tmp_path) == before and pq.read_table(tmp_path / "m.parquet").num_rows == 12
+
+
+def test_cli_gpu_matched_loosely_gives_the_same_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["cost", "--batch", "1", "--length", "4096", "--json"]
+    answers = set()
+    for written in ("H100-SXM", "h100-sxm", "h100_sxm", "H100 SXM", "h100s"):
+        code, out, err = cli(capsys, *base, "--gpu", written)
+        assert code == 0, err
+        answers.add(out)
+    assert len(answers) == 1 and json.loads(answers.pop())["fits"] is True

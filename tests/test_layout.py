@@ -79,9 +79,9 @@ def package_imports(root: Path) -> tuple[set[str], list[Import]]:
 
 
 def stage_of(module: str, root_name: str = "tokenbucket") -> int:
-    """Rank of a module's stage (the top-level package ranks above every stage)."""
+    """Rank of a module's stage (the top-level package and ``python -m``'s entry rank above every stage)."""
     parts = module.split(".")
-    if parts == [root_name]:
+    if parts in ([root_name], [root_name, "__main__"]):
         return len(STAGES)
     if len(parts) == 2 and parts[1] in BASE_MODULES:
         return 0

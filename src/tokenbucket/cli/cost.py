@@ -9,25 +9,38 @@ import argparse
 import json
 from typing import Any
 
-from tokenbucket.cli._common import _add_model_flags, _budget, _gib, finite_float, model_from_args
+from tokenbucket.cli._common import (
+    _add_model_flags,
+    _budget,
+    _gib,
+    gpu_from_args,
+    model_from_args,
+    positive_float,
+    positive_int,
+    unit_fraction,
+)
 from tokenbucket.cost.memory import MEMORY_ITEMS, CostModel
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["EXAMPLE", "add_arguments", "run"]
+
+EXAMPLE = "tokenbucket cost --preset design-24L-1024 --batch 1 --length 16384 --gpu H100-SXM"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch", type=int, required=True)
-    parser.add_argument("--length", type=int, required=True, help="padded sequence length in tokens")
-    parser.add_argument("--gpu", help="GPU target (see `tokenbucket gpus`)")
-    parser.add_argument("--budget-gib", type=finite_float, help="memory budget instead of a GPU's")
-    parser.add_argument("--mfu", type=finite_float, default=0.4, help="assumed FLOPs utilisation for step time")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--batch", type=positive_int, required=True, help="samples in the batch")
+    parser.add_argument("--length", type=positive_int, required=True, help="padded sequence length in tokens")
+    parser.add_argument("--gpu", help="GPU target, e.g. h100-sxm (see `tokenbucket gpus`; a unique prefix will do)")
+    parser.add_argument("--budget-gib", type=positive_float, help="memory budget in GiB instead of a GPU's")
+    parser.add_argument(
+        "--mfu", type=unit_fraction, default=0.4, help="assumed FLOPs utilisation in (0, 1] for step time (default 0.4)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _add_model_flags(parser, with_config=True)
 
 
 def run(args: argparse.Namespace) -> int:
     model = model_from_args(args)
-    cost = CostModel(model, args.gpu, mfu=args.mfu)
+    cost = CostModel(model, gpu_from_args(args), mfu=args.mfu)
     mem = cost.memory(args.batch, args.length)
     flops = cost.flops(args.batch, args.length)
     budget = _budget(args)

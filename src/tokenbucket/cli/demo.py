@@ -39,15 +39,19 @@ from tokenbucket.tokens.metadata import read_metadata
 from tokenbucket.tokens.spec import TokenSpec
 from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
 
-__all__ = ["add_arguments", "run", "train_under_monitor"]
+__all__ = ["EXAMPLE", "add_arguments", "run", "train_under_monitor"]
+
+EXAMPLE = "tokenbucket demo --out tokenbucket-demo --samples 20000"
 
 HIDDEN = 32
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="tokenbucket-demo", help="directory for the demo's files")
-    parser.add_argument("--samples", type=positive_int, default=200_000, help="number of samples")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--out", default="tokenbucket-demo", help="directory for the demo's files (default tokenbucket-demo)"
+    )
+    parser.add_argument("--samples", type=positive_int, default=200_000, help="number of samples (default 200000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic dataset (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:

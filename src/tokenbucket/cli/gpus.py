@@ -10,11 +10,13 @@ import json
 
 from tokenbucket.cost.gpus import GPUS, gpu_budget_bytes
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["EXAMPLE", "add_arguments", "run"]
+
+EXAMPLE = "tokenbucket gpus --json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print one JSON list instead of the table")
 
 
 def run(args: argparse.Namespace) -> int:

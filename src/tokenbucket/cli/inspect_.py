@@ -18,12 +18,16 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.cli._common import _histogram, _plan_json, _print_plan
 from tokenbucket.plan.manifest import Manifest, load_manifest
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["EXAMPLE", "add_arguments", "run"]
+
+EXAMPLE = "tokenbucket inspect manifest.parquet --plot hist.png"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("manifest", type=Path)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "manifest", type=Path, help="a manifest `tokenbucket plan` wrote (.parquet or a folder of parts)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan and summary as one JSON object")
     parser.add_argument("--plot", type=Path, help="write a PNG histogram with the bucket bounds")
 
 

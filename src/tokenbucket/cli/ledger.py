@@ -14,16 +14,22 @@ from tokenbucket.cli._common import (
     _gib,
     _sample_arg,
     model_from_args,
+    positive_int,
     spec_from_args,
 )
 from tokenbucket.cost.ledger import ledger_with_whatifs
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["EXAMPLE", "add_arguments", "run"]
+
+EXAMPLE = (
+    'tokenbucket ledger --sample \'{"cameras":4,"frames":16,"height":224,"width":224}\' '
+    "--patch 14 --whatif frames=32 --whatif kv_heads=4"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sample", required=True, help="one sample as a JSON object")
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--sample", required=True, help="one sample as a JSON object (inline or @file.json)")
+    parser.add_argument("--batch", type=positive_int, default=1, help="samples in the batch (default 1)")
     parser.add_argument(
         "--whatif",
         action="append",
@@ -31,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE[,NAME=VALUE]",
         help="e.g. frames=32, side=448, kv_heads=4, patch=28, batch=2 (repeatable)",
     )
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _add_spec_flags(parser)
     _add_model_flags(parser)
 

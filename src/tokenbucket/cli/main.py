@@ -12,19 +12,23 @@
     tokenbucket inspect manifest.parquet [--json] [--plot hist.png]
     tokenbucket report RUN.jsonl [--json] [--out DIR]
     tokenbucket demo [--out DIR] [--samples N] [--seed S]
+    tokenbucket --version          (also: python -m tokenbucket ...)
 
 Every :class:`~tokenbucket.tokens.spec.TokenSpec` field has a flag, so a quick question needs no
 config file; flags override ``--config``'s ``[tokens]`` section.
 
-Each verb is one module beside this one (``inspect_`` for ``inspect``) with ``add_arguments(parser)``
-and ``run(args) -> int``; the flags and helpers they share are in ``_common``.
+Each verb is one module beside this one (``inspect_`` for ``inspect``) with ``add_arguments(parser)``,
+``run(args) -> int`` and ``EXAMPLE`` (one real command line, shown under its ``--help``); the flags
+and helpers they share are in ``_common``. Every flag has a help text (tests/test_cli_help.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn, Protocol, cast
@@ -38,7 +42,9 @@ EXIT_DATA, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 1, 2, 130, 141
 
 
 class Verb(Protocol):
-    """What a verb module provides (a module satisfies a protocol by its functions)."""
+    """What a verb module provides (a module satisfies a protocol by its functions and constants)."""
+
+    EXAMPLE: str  # one real command line, shown under the verb's --help
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
 
@@ -59,11 +65,27 @@ VERBS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# argparse's words for a flag our type refused: "argument --batch: should be ..." (NOTE [ Flag values ])
+_TYPE_ERROR = re.compile(r"argument (-[^:]+): (should .*)", re.DOTALL)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line usage error (NOTE [ CLI error path ]); ``--help`` shows the usage."""
 
     def error(self, message: str) -> NoReturn:
+        match = _TYPE_ERROR.fullmatch(message)
+        if match:  # "--batch should be a positive integer, got 0": the flag as the user typed it
+            message = f"{match[1]} {match[2]}"
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def version() -> str:
+    """The installed distribution's version, or the package's own ``__version__`` when it is not installed."""
+    try:
+        return importlib.metadata.version("tokenbucket")
+    except importlib.metadata.PackageNotFoundError:
+        # the package is imported by now (this module is inside it); read, not imported: it sits above cli
+        return str(getattr(sys.modules.get("tokenbucket"), "__version__", "unknown"))
 
 
 def verb_module(module: str) -> Verb:
@@ -78,14 +100,23 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     A verb module imports its stages at the top (torch, pyarrow: seconds), so ``main`` loads the
     module of the verb it runs and no other: ``tokenbucket gpus`` does not pay for the profiler.
     """
-    parser = _Parser(prog="tokenbucket", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(
+        prog="tokenbucket",
+        description=__doc__.split("\n")[0],
+        epilog="Example:\n  tokenbucket demo --samples 20000\n\n`tokenbucket VERB --help` shows a verb's flags.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"tokenbucket {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="VERB", help="what to do")
     for name, module, help_text in VERBS:
-        verb_parser = sub.add_parser(name, help=help_text)
+        verb_parser = sub.add_parser(
+            name, help=help_text, description=help_text, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         if only is None or name == only:
             verb = verb_module(module)
             verb.add_arguments(verb_parser)
             verb_parser.set_defaults(func=verb.run)
+            verb_parser.epilog = f"Example:\n  {verb.EXAMPLE}"
     return parser
 
 

@@ -26,8 +26,10 @@ from tokenbucket.cli._common import (
     _json_object_arg,
     _plan_json,
     _print_plan,
-    finite_float,
+    gpu_from_args,
     model_from_args,
+    positive_float,
+    positive_int,
     spec_from_args,
 )
 from tokenbucket.cost.memory import CostModel
@@ -35,7 +37,12 @@ from tokenbucket.plan.manifest import build_manifest
 from tokenbucket.tokens.lerobot import lerobot_rows
 from tokenbucket.tokens.lerobot_mix import LeRobotSource, lerobot_mixture
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["EXAMPLE", "add_arguments", "run"]
+
+EXAMPLE = (
+    "tokenbucket plan tokenbucket-demo/metadata.parquet --patch 14 --preset design-24L-1024 --gpu H100-SXM "
+    "--on-oversize reject --out manifest.parquet"
+)
 
 _NAMED = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]*)=(.+)")
 
@@ -78,9 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also replace an existing --out file that is not a manifest (never a directory, never an input)",
     )
-    parser.add_argument("--gpu", help="GPU target (see `tokenbucket gpus`)")
-    parser.add_argument("--budget-gib", type=finite_float, help="memory budget instead of a GPU's")
-    parser.add_argument("--max-buckets", type=int, default=32)
+    parser.add_argument("--gpu", help="GPU target, e.g. h100-sxm (see `tokenbucket gpus`; a unique prefix will do)")
+    parser.add_argument("--budget-gib", type=positive_float, help="memory budget in GiB instead of a GPU's")
+    parser.add_argument(
+        "--max-buckets", type=positive_int, default=32, help="at most this many shapes (static mode; default 32)"
+    )
     parser.add_argument(
         "--mode",
         dest="plan_mode",
@@ -88,9 +97,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="static",
         help="static: at most K shapes; dynamic: batches padded to their own longest sample",
     )
-    parser.add_argument("--on-oversize", choices=["error", "reject"], default="error")
-    parser.add_argument("--on-invalid", choices=["raise", "reject"], default="raise")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--on-oversize",
+        choices=["error", "reject"],
+        default="error",
+        help="a sample too long to fit even alone: stop (error, the default) or reject it with its reason",
+    )
+    parser.add_argument(
+        "--on-invalid",
+        choices=["raise", "reject"],
+        default="raise",
+        help="a bad metadata row: stop at it (raise, the default) or reject it with its reason",
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     _add_spec_flags(parser)
     _add_model_flags(parser, mode_flag="--model-mode")
 
@@ -173,8 +192,9 @@ def run(args: argparse.Namespace) -> int:
     budget = _budget(args)
     if budget is None:
         raise UsageError("plan needs a budget: --gpu NAME or --budget-gib X")
-    cost = CostModel(model, args.gpu)
-    meta: dict[str, Any] = {"model": model.to_dict(), "gpu": args.gpu}
+    gpu = gpu_from_args(args)
+    cost = CostModel(model, gpu)
+    meta: dict[str, Any] = {"model": model.to_dict(), "gpu": None if gpu is None else gpu.name}
     with tempfile.TemporaryDirectory(prefix="tokenbucket-plan-") as tmp:
         sources: list[str | Path] = args.metadata
         if args.lerobot is not None:

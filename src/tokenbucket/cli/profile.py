@@ -16,22 +16,32 @@ from typing import Any
 import torch
 
 from tokenbucket._exceptions import ConfigError, UsageError
-from tokenbucket.cli._common import _add_model_flags, _gib, model_from_args
+from tokenbucket.cli._common import _add_model_flags, _gib, model_from_args, positive_int
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.profile import profile_memory, profile_points
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["EXAMPLE", "add_arguments", "run"]
+
+EXAMPLE = (
+    "tokenbucket profile tokenbucket.cost.reference:ReferenceTransformer --hidden 256 --layers 2 --heads 4 "
+    "--batch 2 --length 512 --length 1024"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("factory", help="MODULE:FACTORY returning the nn.Module (given spec= if it takes one)")
     parser.add_argument("--input", help="MODULE:FN (batch, length) -> input; default [B, L, hidden] tensor")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--length", type=int, action="append", help="sequence length (repeatable)")
-    parser.add_argument("--device", choices=["fake", "cuda"], default="fake")
+    parser.add_argument("--batch", type=positive_int, default=1, help="samples in the batch (default 1)")
+    parser.add_argument("--length", type=positive_int, action="append", help="sequence length in tokens (repeatable)")
+    parser.add_argument(
+        "--device",
+        choices=["fake", "cuda"],
+        default="fake",
+        help="fake: fake tensors on the CPU (no GPU needed, the default); cuda: measure on the GPU",
+    )
     parser.add_argument("--gpu", help="the GPU target a saved profile is for")
     parser.add_argument("--save", type=Path, help="also measure a small grid and save a profile JSON")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print one JSON list instead of the table")
     _add_model_flags(parser, with_config=True)
 
 

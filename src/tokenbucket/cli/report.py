@@ -18,12 +18,14 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.monitor.report import check_report_dir, read_events, write_report
 from tokenbucket.monitor.stats import format_summary, summarize_events
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["EXAMPLE", "add_arguments", "run"]
+
+EXAMPLE = "tokenbucket report tokenbucket-demo/run.jsonl --out report"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=Path, help="the monitor's RUN.jsonl")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the per-bucket rows as one JSON object")
     parser.add_argument(
         "--out",
         type=Path,

@@ -14,12 +14,14 @@ from tokenbucket.cli._common import _add_spec_flags, _print_summary, _sample_arg
 from tokenbucket.tokens.breakdown import breakdown_sample, breakdown_table
 from tokenbucket.tokens.metadata import read_metadata
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["EXAMPLE", "add_arguments", "run"]
+
+EXAMPLE = 'tokenbucket tokens --sample \'{"cameras":4,"frames":16,"height":224,"width":224}\' --patch 14'
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("metadata", nargs="?", help="Parquet/JSONL/CSV file or a directory of parts")
-    parser.add_argument("--sample", help="one sample as a JSON object")
+    parser.add_argument("--sample", help="one sample as a JSON object (inline or @file.json)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument(
         "--on-invalid",

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 from tokenbucket._exceptions import ConfigError
@@ -80,22 +81,47 @@ GPUS: dict[str, GPU] = {
 
 
 def _norm(name: str) -> str:
-    return name.lower().replace("_", "-").replace(" ", "-")
+    return "".join(name.lower().replace("_", " ").replace("-", " ").split())
 
 
-def get_gpu(name: str | GPU) -> GPU:
-    """Look a GPU up by name (case, ``_`` and spaces do not matter).
+def get_gpu(name: str | GPU, *, source: str | None = None) -> GPU:
+    """Look a GPU up by name, loosely: case, ``-``, ``_`` and spaces do not matter, and a prefix
+    that only one GPU has is enough (``h100_sxm``, ``rtx 4090``, ``mi300``, ``h20``).
+
+    Args:
+        name: a registry name (see ``GPUS``), written loosely, or a :class:`GPU`.
+        source: where the name came from (a command-line flag such as ``--gpu``), for the error.
 
     Raises:
-        ConfigError: unknown name; the message lists the known ones.
+        ConfigError: the name is unknown (the message suggests the 1-3 closest names), or it is the
+            prefix of several (the message names them).
+
+    Example:
+        >>> get_gpu("h100-pcie").name, get_gpu("A100_80gb").name
+        ('H100-PCIe', 'A100-80GB')
     """
     if isinstance(name, GPU):
         return name
     wanted = _norm(name)
-    for key, gpu in GPUS.items():
-        if _norm(key) == wanted:
-            return gpu
-    raise ConfigError(f"unknown GPU {name!r}; known GPUs: {', '.join(GPUS)} (or give --budget-gib)")
+    by_norm = {_norm(key): gpu for key, gpu in GPUS.items()}
+    if wanted in by_norm:
+        return by_norm[wanted]
+    starting = [gpu.name for key, gpu in by_norm.items() if wanted and key.startswith(wanted)]
+    if len(starting) == 1:
+        return GPUS[starting[0]]
+    label = f"{source} {name!r}" if source else f"GPU name {name!r}"
+    if starting:
+        raise ConfigError(f"{label} is ambiguous: did you mean {_either(starting)}?")
+    close = [by_norm[key].name for key in difflib.get_close_matches(wanted, by_norm, n=3, cutoff=0.3)]
+    head = f"{source} {name!r}: unknown GPU" if source else f"unknown GPU {name!r}"
+    if close:
+        raise ConfigError(f"{head}; did you mean {_either(close)}?")
+    raise ConfigError(f"{head}; `tokenbucket gpus` lists the {len(GPUS)} known ones")
+
+
+def _either(names: list[str]) -> str:
+    """``A``, ``A or B``, ``A, B or C``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def gpu_budget_bytes(
