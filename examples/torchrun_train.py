@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Linear(HIDDEN, HIDDEN))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    opts.out.mkdir(parents=True, exist_ok=True)  # every rank: whoever comes first makes it
     ckpt = opts.out / "ckpt.pt"
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=False)

@@ -1,0 +1,514 @@
+"""Every ```python and ```bash block of README.md, run as written in a fresh folder.
+
+The folder holds what the README assumes a reader has: ``metadata.parquet`` (and ``metadata/``
+of part files) with realistic multi-camera columns, a ``tokenbucket.toml``, ``examples/`` and
+LeRobot folders ``datasets/<name>`` built from the real ``info.json`` files of
+shared/data/lerobot. Python blocks of one section (the text under one heading) share one
+namespace in order, as a reader runs them; a section whose prose takes names from earlier ones
+("with ``data``, ``cost`` ... as above") gets them from a small setup here, built with the
+examples' own functions. A statement followed by ``# <value>`` must evaluate to that value.
+Bash blocks run command by command through bash with the real ``tokenbucket`` script on PATH:
+each exits 0, a ``# {...}`` line after a command is its JSON output (``[...]`` matches
+anything), and every ``--out`` / ``--save`` / ``--plot`` it names exists afterwards.
+A block preceded by ``<!-- no-run: reason -->`` is not run (at most 3, each with a reason).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tokenize
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+EXAMPLES = ROOT / "examples"
+BIN = Path(sys.executable).parent  # .venv/bin: the console script `tokenbucket` lives beside python
+sys.path.insert(0, str(EXAMPLES))
+
+Namespace = dict[str, object]
+
+
+def example(name: str) -> ModuleType:
+    """``examples/<name>.py`` (examples/ is on sys.path, not a package)."""
+    return importlib.import_module(name)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced block: its section, its place in the section, its first code line in README.md."""
+
+    section: str
+    index: int
+    lang: str
+    code: str
+    line: int
+    no_run: str | None
+
+    @property
+    def name(self) -> str:
+        slug = re.sub(r"[^a-z0-9]+", "-", self.section.lower()).strip("-")
+        return f"{slug}-{self.index}"
+
+
+def readme_blocks(text: str) -> list[Block]:
+    """The ```python and ```bash blocks (```text, bare fences and tables are not code)."""
+    blocks: list[Block] = []
+    lines = text.splitlines()
+    section, counts, i = "", dict[str, int](), 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("#"):
+            section = line.lstrip("#").strip()
+        elif line.startswith("```"):
+            lang = line[3:].strip()
+            end = lines.index("```", i + 1)
+            if lang in ("python", "bash"):
+                before = next((x for x in reversed(lines[:i]) if x.strip()), "")
+                marker = re.fullmatch(r"<!-- no-run:(.*)-->", before.strip())
+                index = counts.get(section, 0)
+                counts[section] = index + 1
+                code = "\n".join(lines[i + 1 : end]) + "\n"
+                blocks.append(Block(section, index, lang, code, i + 2, marker[1].strip() if marker else None))
+            i = end
+        i += 1
+    return blocks
+
+
+BLOCKS = readme_blocks(README.read_text())
+RUN = [b for b in BLOCKS if b.no_run is None]
+# the cases that take more than ~3 s (a trainer, a profile on fake tensors, a subprocess)
+SLOW = {
+    "will-it-fit-1",
+    "feed-a-dataloader-0",
+    "under-lightning-0",
+    "under-the-hugging-face-trainer-0",
+    "under-torchrun-elastic-0",
+    "cli-0",
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# the reader's files
+
+
+def write_metadata(folder: Path, n: int = 240, seed: int = 0) -> pa.Table:
+    """Multi-camera metadata as a VLA dataset has it: ``metadata.parquet`` and ``metadata/`` in 3 parts."""
+    rng = np.random.default_rng(seed)
+    side = rng.choice([224, 256, 448], n, p=[0.6, 0.3, 0.1])
+    table = pa.table(
+        {
+            "key": [f"episode_{i // 10:04d}/frame_{i % 10:03d}" for i in range(n)],
+            "cameras": rng.choice([1, 2, 3, 4], n),
+            "frames": rng.choice([1, 2, 4, 8, 16], n),
+            "height": side,
+            "width": (side * rng.choice([1.0, 4 / 3], n)).astype(np.int64),
+            "text_tokens": rng.integers(8, 96, n),
+            "proprio_tokens": np.full(n, 1),
+            "action_tokens": np.full(n, 50),
+        }
+    )
+    pq.write_table(table, folder / "metadata.parquet")
+    (folder / "metadata").mkdir()
+    for p, start in enumerate(range(0, n, n // 3)):
+        pq.write_table(table.slice(start, n // 3), folder / "metadata" / f"part-{p:05d}.parquet")
+    return table
+
+
+# the LeRobot datasets the README names: card in shared/data/lerobot, (episode, length) list
+DATASETS = {
+    "svla_so100_pickplace": ("svla_so100_pickplace.json", [(0, 6), (1, 4)]),
+    "libero": ("libero.json", [(0, 8), (1, 6)]),
+}
+WEIGHTS = {"libero": 0.5}  # the weights the README gives (every other source: 1)
+
+
+def write_datasets(folder: Path, lerobot_dir: str) -> dict[str, int]:
+    """``datasets/<name>``: the real ``info.json`` and a made-up episode list; frames per dataset."""
+    frames = {}
+    for name, (card, episodes) in DATASETS.items():
+        meta = folder / "datasets" / name / "meta"
+        meta.mkdir(parents=True)
+        (meta / "info.json").write_text(Path(lerobot_dir, card).read_text())
+        lines = [json.dumps({"episode_index": e, "length": n, "tasks": ["pick"]}) for e, n in episodes]
+        (meta / "episodes.jsonl").write_text("\n".join(lines) + "\n")
+        frames[name] = sum(n for _, n in episodes)
+    return frames
+
+
+@dataclass
+class Workspace:
+    folder: Path
+    metadata: pa.Table
+    frames: dict[str, int]
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, lerobot_dir: str, monkeypatch: pytest.MonkeyPatch) -> Workspace:
+    table = write_metadata(tmp_path)
+    (tmp_path / "tokenbucket.toml").write_text('[tokens]\npatch = 14\ntext = "text_tokens"\n')
+    (tmp_path / "examples").mkdir()
+    for path in EXAMPLES.iterdir():
+        if path.is_file():
+            (tmp_path / "examples" / path.name).write_bytes(path.read_bytes())
+    frames = write_datasets(tmp_path, lerobot_dir)
+    monkeypatch.chdir(tmp_path)
+    return Workspace(tmp_path, table, frames)
+
+
+def snapshot(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+# ----------------------------------------------------------------------------------------------
+# what a section's prose takes from earlier sections ("as above"), built small
+
+
+def tiny_setup(ns: Namespace) -> None:
+    """``examples/lightning_train.py``'s tiny run: spec, lengths, cost, budget, plan, data, model."""
+    lightning_train = example("lightning_train")
+
+    from tokenbucket import BucketCollate, TokenBucketDataset, breakdown_table, plan_buckets
+    from tokenbucket.testing import RandomTokens
+
+    data, collate, cost = lightning_train.build()
+    meta = lightning_train.metadata(96)
+    lengths = breakdown_table(meta, lightning_train.SPEC).totals
+    ns.update(
+        spec=lightning_train.SPEC,
+        metadata_table=meta,
+        lengths=lengths,
+        cost=cost,
+        budget=4 * 2**20,
+        plan=data.plan,
+        data=data,
+        collate=collate,
+        my_dataset=RandomTokens(lengths, lightning_train.HIDDEN),
+        model=lightning_train.Denoiser(),
+        epochs=2,
+        DataLoader=torch.utils.data.DataLoader,
+        BucketCollate=BucketCollate,
+        TokenBucketDataset=TokenBucketDataset,
+        plan_buckets=plan_buckets,
+    )
+
+
+def setup_lightning(ns: Namespace) -> None:
+    from tokenbucket import BucketMonitor
+
+    tiny_setup(ns)
+    ns["monitor"] = BucketMonitor(ns["plan"], sinks=["runs/lightning.jsonl"], cost_model=ns["cost"], data=ns["data"])  # type: ignore[arg-type]
+
+
+def setup_accelerate(ns: Namespace) -> None:
+    tiny_setup(ns)
+    model = torch.nn.Linear(4, 4)
+    ns.update(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def setup_hf_trainer(ns: Namespace) -> None:
+    from tokenbucket import BucketCollate
+
+    hf_trainer_train = example("hf_trainer_train")
+    data, _ = hf_trainer_train.build()
+    ns.update(data=data, model=hf_trainer_train.Denoiser(), BucketCollate=BucketCollate)
+
+
+def setup_vla(ns: Namespace) -> None:
+    from tokenbucket import CostModel, ModelSpec, TokenBucketDataset, breakdown_table, plan_buckets
+
+    vla = example("lerobot_vla_train")
+
+    meta = vla.metadata(24)
+    lengths = breakdown_table(meta, vla.SPEC).totals
+    cost = CostModel(ModelSpec(hidden=vla.HIDDEN, layers=2, heads=4, precision="fp32", attention="eager"))
+    plan = plan_buckets(lengths, cost, 6 * 2**20, max_buckets=3, multiple=8)
+    data = TokenBucketDataset(vla.LeRobotLike(meta), metadata=meta, spec=vla.SPEC, plan=plan)
+    ns.update(data=data, cost=cost, DataLoader=torch.utils.data.DataLoader)
+
+
+def setup_packing(ns: Namespace) -> None:
+    tiny_setup(ns)
+    calls: list[tuple[int, ...]] = []
+
+    def model(tokens: torch.Tensor, position_ids: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        rows, length = position_ids.shape
+        assert tokens.shape[:2] == (rows, length) and attn_mask.shape[-2:] == (length, length)
+        calls.append(tuple(tokens.shape))
+        return tokens
+
+    ns.update(model=model, model_calls=calls)
+
+
+def setup_stream(ns: Namespace) -> None:
+    from tokenbucket import CostModel, ModelSpec, plan_buckets
+
+    stream_train = example("stream_train")
+
+    shards = Path("shards")
+    shards.mkdir()
+    ns.update(
+        urls=stream_train.write_demo_shards(shards, n=64, shards=4),
+        spec=stream_train.SPEC,
+        cost=CostModel(ModelSpec(hidden=16, layers=2, heads=2, precision="fp32", attention="eager")),
+        budget=48 * 2**20,
+        world_size=2,
+        plan_buckets=plan_buckets,
+    )
+
+
+def setup_monitor(ns: Namespace) -> None:
+    tiny_setup(ns)
+    data, model = ns["data"], ns["model"]
+    ns["loader"] = torch.utils.data.DataLoader(data, batch_sampler=data.sampler(seed=0), collate_fn=ns["collate"])  # type: ignore[attr-defined, arg-type]
+
+    def train_step(batch: dict[str, torch.Tensor]) -> float:
+        mask = batch["attention_mask"]
+        out = model.net(batch["tokens"], src_key_padding_mask=~mask)  # type: ignore[attr-defined]
+        return float(((out - batch["tokens"]) ** 2)[mask].mean().detach())
+
+    ns["train_step"] = train_step
+
+
+def setup_cli(ws: Workspace) -> None:
+    """A monitor log for ``tokenbucket report runs/run.jsonl`` (the README's *Monitor the run* writes one)."""
+    example("train_tiny").main(steps=4, log=Path("runs/run.jsonl"))
+
+
+SETUPS: dict[str, Callable[[Namespace], None]] = {
+    "Feed a DataLoader": tiny_setup,
+    "Under Lightning": setup_lightning,
+    "Under Accelerate": setup_accelerate,
+    "Under the Hugging Face Trainer": setup_hf_trainer,
+    "Batches a VLA or VLM model eats": setup_vla,
+    "Pack instead of pad": setup_packing,
+    "Stream webdataset shards": setup_stream,
+    "Monitor the run": setup_monitor,
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# running Python blocks
+
+
+STATED = (ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.Tuple, ast.operator, ast.unaryop, ast.Load)
+
+
+def stated_value(comment: str) -> object | None:
+    """The value a ``# 16*35*46 + 16*64`` or ``# ('a', 0): what it is`` comment states, else None."""
+    for text in (comment, comment.split(":")[0]):
+        try:
+            tree = ast.parse(text.strip(), mode="eval")
+        except SyntaxError:
+            continue
+        if all(isinstance(node, STATED) for node in ast.walk(tree)):
+            value: object = eval(compile(tree, "<comment>", "eval"), {"__builtins__": {}})
+            if isinstance(value, int | float | tuple):  # not a word in quotes, not `...`
+                return value
+    return None
+
+
+def comments(code: str) -> dict[int, str]:
+    """Line (1-based, in the block) → the text of its ``#`` comment."""
+    found = {}
+    for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+        if tok.type == tokenize.COMMENT:
+            found[tok.start[0]] = tok.string[1:].strip()
+    return found
+
+
+def statements(block: Block) -> list[tuple[ast.stmt, object | None]]:
+    """The block's top-level statements (line numbers as in README.md), each with its stated value."""
+    tree = ast.parse(block.code, filename=str(README))
+    notes = comments(block.code)
+    out: list[tuple[ast.stmt, object | None]] = []
+    for stmt in tree.body:
+        expected = None
+        if isinstance(stmt, ast.Expr) and stmt.end_lineno in notes:
+            expected = stated_value(notes[stmt.end_lineno])
+        ast.increment_lineno(stmt, block.line - 1)
+        out.append((stmt, expected))
+    return out
+
+
+def run_python(block: Block, ns: Namespace) -> int:
+    """Run ``block`` in ``ns`` statement by statement; returns how many stated values it checked."""
+    checked = 0
+    for stmt, expected in statements(block):
+        if expected is None:
+            exec(compile(ast.Module([stmt], []), str(README), "exec"), ns)
+            continue
+        value = eval(compile(ast.Expression(stmt.value), str(README), "eval"), ns)  # type: ignore[attr-defined]
+        assert value == expected, f"README.md:{stmt.lineno}: {value!r}, the README says {expected!r}"
+        checked += 1
+    return checked
+
+
+# ----------------------------------------------------------------------------------------------
+# running bash blocks
+
+
+def commands(code: str) -> list[tuple[str, str | None]]:
+    """Each command (continuations joined) with the JSON output a ``# {...}`` line after it states."""
+    out: list[tuple[str, str | None]] = []
+    for line in code.replace("\\\n", " ").splitlines():
+        text = line.strip()
+        if text.startswith("# {") and out:
+            out[-1] = (out[-1][0], text[2:])
+        elif text and not text.startswith("#"):
+            out.append((text, None))
+    return out
+
+
+def matches(actual: object, stated: object) -> bool:
+    """``stated`` (``None`` where the README wrote ``[...]``) holds in ``actual``."""
+    if stated is None:
+        return True
+    if isinstance(stated, dict):
+        return isinstance(actual, dict) and all(k in actual and matches(actual[k], v) for k, v in stated.items())
+    return actual == stated
+
+
+def outputs(command: str) -> list[str]:
+    """The files a command is asked to write."""
+    argv = shlex.split(command, comments=True)
+    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--out", "--save", "--plot")]
+
+
+def check_lerobot_manifest(path: Path, frames: dict[str, int], sources: list[str]) -> None:
+    """Each source's frames, as many times as its weight says; keys prefixed with the source name in a mixture."""
+    from tokenbucket.plan.manifest import load_manifest
+
+    keys = load_manifest(path).table.column("key").to_pylist()
+    assert len(set(keys)) == len(keys), f"{path.name}: duplicate keys"
+    per_source: dict[str, int] = {}
+    for key in keys:
+        source = key.split("/")[0] if len(sources) > 1 else Path(sources[0].split("=")[-1]).name
+        per_source[source] = per_source.get(source, 0) + 1
+    names = {Path(s.split("=")[-1].split(":")[0]).name if "=" not in s else s.split("=")[0] for s in sources}
+    assert set(per_source) == names, (path.name, per_source)
+    for source, count in per_source.items():
+        assert count == int(WEIGHTS.get(source, 1.0) * frames[source] + 0.5), (path.name, source, count)
+
+
+def run_bash(block: Block, ws: Workspace) -> int:
+    """Run every command of ``block``; returns how many stated outputs it checked."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    checked = 0
+    for command, stated in commands(block.code):
+        if "torchrun_train.py" in command:
+            command += " --epochs 1"  # a short run: the elastic restart is tests/test_torchrun.py's
+        proc = subprocess.run(
+            ["bash", "-c", command], cwd=ws.folder, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, (
+            f"README.md block {block.name}: `{command}` exit {proc.returncode}\n{proc.stderr[-3000:]}"
+        )
+        if stated is not None:
+            wanted = json.loads(stated.replace("[...]", "null"))
+            assert matches(json.loads(proc.stdout), wanted), (
+                f"`{command}` printed {proc.stdout}, the README says {stated}"
+            )
+            checked += 1
+        for path in outputs(command):
+            assert (ws.folder / path).exists(), f"`{command}` wrote no {path}"
+        argv = shlex.split(command, comments=True)
+        if "--lerobot" in argv:
+            sources = [argv[i + 1] for i, a in enumerate(argv) if a == "--lerobot"]
+            check_lerobot_manifest(ws.folder / outputs(command)[0], ws.frames, sources)
+            checked += 1
+        if "torchrun" in argv:
+            runs = [(ws.folder / "out" / f"steps-rank{r}.jsonl").read_text().splitlines() for r in (0, 1)]
+            ids = [i for lines in runs for line in lines for i in json.loads(line)["ids"]]
+            assert len(runs[0]) == len(runs[1]) > 0 and len(ids) == len(set(ids)) == 240  # each sample once
+            checked += 1
+    return checked
+
+
+# ----------------------------------------------------------------------------------------------
+# the tests
+
+
+def test_readme_blocks_are_found_and_no_run_markers_say_why() -> None:
+    sections = {b.section for b in BLOCKS}
+    assert len(BLOCKS) >= 15 and {"Quickstart", "CLI", "Under torchrun (elastic)"} <= sections
+    skipped = [b for b in BLOCKS if b.no_run is not None]
+    assert len(skipped) <= 3, [b.name for b in skipped]
+    for b in skipped:
+        assert len(b.no_run or "") >= 10, f"{b.name}: a no-run marker needs its reason"
+    assert set(SETUPS) <= sections and SLOW <= {b.name for b in BLOCKS}  # no setup for a section gone
+
+
+def test_readme_stated_outputs_are_found() -> None:
+    # the values the Quickstart and the LeRobot section state, and the CLI's JSON
+    stated = [e for b in RUN if b.lang == "python" for _, e in statements(b) if e is not None]
+    assert 16384 in stated and 16 * 35 * 46 + 16 * 64 in stated and ("svla_so100_pickplace", 0, 0, 0) in stated
+    assert any(s is not None for b in RUN if b.lang == "bash" for _, s in commands(b.code))
+
+
+def test_readme_a_failing_block_fails() -> None:
+    bad = Block("x", 0, "python", "1 + 1   # 3\n", 1, None)
+    with pytest.raises(AssertionError, match="the README says 3"):
+        run_python(bad, {})
+    with pytest.raises(NameError):
+        run_python(Block("x", 0, "python", "undefined_name\n", 1, None), {})
+
+
+# the README's num_workers=4 is more workers than this 2-core machine has: torch says so
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+# the trainers' own notes on a CPU machine without tensorboard (Lightning's default logger, HF's pin_memory)
+@pytest.mark.filterwarnings("ignore:Starting from v1.9.0, `tensorboardX`:UserWarning")
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true:UserWarning")
+@pytest.mark.filterwarnings("ignore:The number of training batches .* is smaller than the logging interval")
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
+@pytest.mark.parametrize(
+    "block", [pytest.param(b, id=b.name, marks=[pytest.mark.slow] if b.name in SLOW else []) for b in RUN]
+)
+def test_readme_block_runs_as_written(block: Block, workspace: Workspace) -> None:
+    inputs = snapshot(workspace.folder / "datasets") | snapshot(workspace.folder / "metadata")
+    if block.lang == "bash":
+        if block.section == "CLI":
+            setup_cli(workspace)
+        run_bash(block, workspace)
+    else:
+        ns: Namespace = {"__name__": "readme"}
+        if block.section in SETUPS:
+            SETUPS[block.section](ns)
+        for earlier in (b for b in RUN if b.section == block.section and b.index < block.index):
+            run_python(earlier, ns)  # the section's blocks before this one, as a reader runs them
+        run_python(block, ns)
+        check_after(block, ns, workspace)
+    assert snapshot(workspace.folder / "datasets") | snapshot(workspace.folder / "metadata") == inputs  # only read
+
+
+def check_after(block: Block, ns: Namespace, ws: Workspace) -> None:
+    """What a block leaves behind, where the README says what it does."""
+    n = ws.metadata.num_rows
+    if 'build_manifest("metadata/"' in block.code:
+        manifest = ns["manifest"]
+        assert manifest.table.num_rows == n  # type: ignore[attr-defined]  # every sample: in a bucket or rejected
+    if "lerobot_mixture" in block.code:
+        check_lerobot_manifest(Path("lerobot-manifest.parquet"), ws.frames, list(DATASETS))
+    if block.section == "Quickstart" and block.index == 0:
+        assert ns["result"].table.num_rows + ns["result"].rejected.num_rows == n  # type: ignore[attr-defined]
+    if block.section == "Pack instead of pad":
+        assert ns["model_calls"], "the packed loader gave no batch"
+    if block.section == "Monitor the run":
+        steps = [json.loads(x) for x in Path("runs/run.jsonl").read_text().splitlines()]
+        assert sum(e["event"] == "step" for e in steps) == len(ns["loader"])  # type: ignore[arg-type]
