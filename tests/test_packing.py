@@ -17,7 +17,14 @@ from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_
 from tokenbucket.plan.buckets import OversizeError, plan_buckets
 from tokenbucket.testing import RandomTokens, mixture_a
 from tokenbucket.train.collate import TokenBucketDataset
-from tokenbucket.train.packing import PackedCollate, block_diagonal_mask, flex_block_mask, pack_rows
+from tokenbucket.train.packing import (
+    DENSE_MASK_WARN_BYTES,
+    PackedCollate,
+    block_diagonal_mask,
+    dense_mask_bytes,
+    flex_block_mask,
+    pack_rows,
+)
 
 
 def test_pack_rows_every_sample_once_rows_fit_deterministic() -> None:
@@ -168,6 +175,34 @@ def test_packed_collate_takes_a_sample_of_no_tokens() -> None:
         out = PackedCollate(data, 16, None)([data[i] for i in order])
         assert sorted(i for row in out["index"] for i in row) == sorted(order)
         assert out["cu_seqlens"].tolist()[-1] == int(totals[order].sum())
+
+
+def test_dense_mask_bytes_is_the_block_diagonal_masks_size() -> None:
+    seg = torch.tensor([[1, 1, 2, 0, 0], [1, 2, 2, 3, 0], [0, 0, 0, 0, 0]])
+    mask = block_diagonal_mask(seg)
+    assert dense_mask_bytes(3, 5) == mask.numel() * mask.element_size() == 75
+    assert dense_mask_bytes(1, 16_384) == DENSE_MASK_WARN_BYTES == 256 * 2**20
+
+
+def test_packed_collate_warns_once_when_the_dense_mask_would_pass_256_mib() -> None:
+    # NOTE [ Dense mask size ]: one row of 16,385 tokens is a 256 MiB + 32 KiB bool mask
+    data, _ = packed_setup()
+    items = [data[i] for i in range(8)]
+    at_limit = PackedCollate(data, 16_384, rows_per_batch=1)
+    assert at_limit(items)["tokens"].shape[:2] == (1, 16_384)  # exactly 256 MiB: no warning (errors here)
+    collate = PackedCollate(data, 16_385, rows_per_batch=1)
+    with pytest.warns(UserWarning) as record:
+        first = collate(items)
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert "\n" not in message
+    assert message.startswith("packed batch of 1 rows x 16,385 tokens: a dense block_diagonal_mask would take 256 MiB")
+    assert "cu_seqlens" in message and "flex_block_mask" in message
+    assert sorted(i for row in first["index"] for i in row) == list(range(8))  # no sample lost
+    second = collate(items)  # once per collate: the second batch is silent (an error under filterwarnings)
+    assert sorted(i for row in second["index"] for i in row) == list(range(8))
+    with pytest.warns(UserWarning, match="4 rows x 16,385 tokens: .* 1,024 MiB"):
+        PackedCollate(data, 16_385, rows_per_batch=4)(items)  # a new collate warns again
 
 
 @pytest.mark.slow

@@ -188,12 +188,12 @@ def test_cli_report_out_writes_pngs_and_self_contained_html(
     assert code == 0
     assert str(out_dir / "report.html") in capsys.readouterr().out
     pngs = sorted(out_dir.glob("*.png"))
-    assert [p.name for p in pngs] == ["latency.png", "memory.png", "risk.png", "throughput.png"]
+    assert [p.name for p in pngs] == ["buckets.png", "latency.png", "memory.png", "risk.png", "throughput.png"]
     for png in pngs:
         data = png.read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 1000, png
     page = (out_dir / "report.html").read_text()
-    assert page.count('src="data:image/png;base64,') == 4
+    assert page.count('src="data:image/png;base64,') == 5
     assert 'src="http' not in page and "<script" not in page
     assert "oom 1" in page
     heads = re.findall(r"<th>(.*?)</th>", page)  # headings in words with the unit the cells are in

@@ -427,3 +427,8 @@ def _histogram(totals: npt.NDArray[np.integer[Any]], width: int = 40) -> str:
         bar = "#" * max(1 if c else 0, round(width * c / peak))
         lines.append(f"  {int(lo):>8,} - {int(hi) - 1:>8,}  {c:>9,}  {bar}")
     return "\n".join(lines)
+
+
+def progress_from_args(args: argparse.Namespace) -> bool | None:
+    """Whether to show progress bars: never with ``--quiet``, else when stderr is a terminal (``None``)."""
+    return False if getattr(args, "quiet", False) else None

@@ -14,6 +14,10 @@
     tokenbucket demo [--out DIR] [--samples N] [--seed S]
     tokenbucket --version          (also: python -m tokenbucket ...)
 
+Every verb takes ``--quiet`` (before or after the verb): no progress bars. Bars go to stderr, and
+only when it is a terminal, so stdout (and ``--json``) reads the same with or without them
+(NOTE [ Progress on stderr ] in :mod:`tokenbucket._progress`).
+
 Every :class:`~tokenbucket.tokens.spec.TokenSpec` field has a flag, so a quick question needs no
 config file; flags override ``--config``'s ``[tokens]`` section.
 
@@ -65,6 +69,8 @@ VERBS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+QUIET_HELP = "no progress bars on stderr (they show only when stderr is a terminal; stdout is the same either way)"
+
 # argparse's words for a flag our type refused: "argument --batch: should be ..." (NOTE [ Flag values ])
 _TYPE_ERROR = re.compile(r"argument (-[^:]+): (should .*)", re.DOTALL)
 
@@ -107,11 +113,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"tokenbucket {version()}")
+    parser.add_argument("--quiet", "-q", action="store_true", help=QUIET_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="VERB", help="what to do")
     for name, module, help_text in VERBS:
         verb_parser = sub.add_parser(
             name, help=help_text, description=help_text, formatter_class=argparse.RawDescriptionHelpFormatter
         )
+        # SUPPRESS: a verb's --quiet sets it, its absence keeps the one given before the verb
+        verb_parser.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS, help=QUIET_HELP)
         if only is None or name == only:
             verb = verb_module(module)
             verb.add_arguments(verb_parser)

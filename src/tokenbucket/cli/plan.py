@@ -30,6 +30,7 @@ from tokenbucket.cli._common import (
     model_from_args,
     positive_float,
     positive_int,
+    progress_from_args,
     spec_from_args,
 )
 from tokenbucket.cost.memory import CostModel
@@ -214,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
             on_invalid=args.on_invalid,
             meta=meta,
             force=args.force,
+            progress=progress_from_args(args),  # NOTE [ Progress on stderr ]: a bar per phase
         )
     summary = manifest.summary()  # the manifest's own counts: invalid rows are rejected too
     if args.json:

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from tokenbucket._exceptions import ConfigError, UsageError
-from tokenbucket.cli._common import _add_model_flags, _gib, model_from_args, positive_int
+from tokenbucket._progress import progress
+from tokenbucket.cli._common import _add_model_flags, _gib, model_from_args, positive_int, progress_from_args
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.profile import profile_memory, profile_points
 
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     train = model.mode == "train"
     points = [(args.batch, length) for length in (args.length or [])]
     rows = []
-    for b, length in points:
+    shown = progress_from_args(args)  # NOTE [ Progress on stderr ]: a step per point
+    for b, length in progress(points, desc="profiling", unit="points", enabled=shown):
         prof = profile_memory(build, make_batch, b, length, train=train, optimizer=model.optimizer, device=args.device)
         est = CostModel(model).memory(b, length)
         rows.append(
@@ -111,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             train=train,
             optimizer=model.optimizer,
+            progress=shown,
         ).save(args.save)
     if args.json:
         print(json.dumps(rows))

@@ -5,6 +5,9 @@ tokenbucket report RUN.jsonl [--json] [--out DIR]
 A log with no step events is an error (there is nothing to report); lines a killed run cut short
 are skipped, each with a warning on stderr. ``--out`` replaces only report files an earlier
 report wrote (NOTE [ Report folder ] in :mod:`tokenbucket.monitor.report`).
+
+Risk, in the table and the plots, is a batch's predicted peak memory / the plan's budget (NOTE
+[ Risk ] in :mod:`tokenbucket.monitor.report`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 from pathlib import Path
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.cli._common import progress_from_args
 from tokenbucket.monitor.report import check_report_dir, read_events, write_report
 from tokenbucket.monitor.stats import format_summary, summarize_events
 
@@ -22,14 +26,25 @@ __all__ = ["EXAMPLE", "add_arguments", "run"]
 
 EXAMPLE = "tokenbucket report tokenbucket-demo/run.jsonl --out report"
 
+# shown under `tokenbucket report --help` (NOTE [ Risk ])
+RISK_HELP = """\
+risk = a batch's predicted peak memory / the plan's budget (the budget is already about 10 % under the
+GPU's usable memory). The plan keeps its own batches at or below 1.0; the monitor's
+risk_threshold (BucketMonitor(risk_threshold=1.0), the dashed line on risk.png) flags batches
+above it. If the drift column (measured / predicted peak) runs above 1, set the threshold to
+about 1 / drift (0.9 for a model 10 % low); above 1.0 it hides batches that may OOM."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = f"{parser.description}\n\n{RISK_HELP}"
     parser.add_argument("run", type=Path, help="the monitor's RUN.jsonl")
     parser.add_argument("--json", action="store_true", help="print the per-bucket rows as one JSON object")
     parser.add_argument(
         "--out",
         type=Path,
-        help="also write four PNG plots and a self-contained report.html here (a new folder, or an earlier report's)",
+        help="also write five PNG plots (latency, memory, risk, throughput, and buckets.png: peak memory "
+        "per bucket against the budget beside its step time) and a self-contained report.html here "
+        "(a new folder, or an earlier report's)",
     )
 
 
@@ -65,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_summary(rows))
         print(f"events: {len(log.of('step')):,} steps, " + ", ".join(f"{k} {n:,}" for k, n in counts.items()))
     if args.out is not None:
-        files = write_report(log, args.out)
+        files = write_report(log, args.out, progress=progress_from_args(args))
         if not args.json:
             print(f"report written to {files.html} (plots beside it)")
     return 0

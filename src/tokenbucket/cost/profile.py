@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_flatten
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket._progress import progress as progress_bar
 from tokenbucket._search import largest_fitting
 from tokenbucket.cost.memory import MemoryEstimate, _check_shape
 
@@ -347,9 +348,14 @@ def profile_points(
     target: str = "fake-cpu",
     dtype: str = "bf16",
     device: str = "fake",
+    progress: bool | None = None,
     **kwargs: Unpack[StepOptions],
 ) -> Profile:
-    """Measure :func:`profile_memory` at each ``(batch, length)`` and bundle a :class:`Profile`."""
+    """Measure :func:`profile_memory` at each ``(batch, length)`` and bundle a :class:`Profile`.
+
+    ``progress``: a bar on stderr, one step per point (default: when stderr is a terminal;
+    NOTE [ Progress on stderr ]).
+    """
     if device == "cuda":
         with torch.device("cuda"):
             digest = model_hash(model_factory())
@@ -358,7 +364,7 @@ def profile_points(
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             digest = model_hash(model_factory())
     measured = []
-    for b, length in points:
+    for b, length in progress_bar(points, desc="profiling", unit="points", enabled=progress):
         prof = profile_memory(model_factory, make_batch, b, length, device=device, **kwargs)
         measured.append((b, length, prof.peak))
     dev = "fake-cpu" if device != "cuda" else torch.cuda.get_device_name()

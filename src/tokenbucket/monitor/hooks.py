@@ -182,7 +182,15 @@ class BucketMonitor:
         plan: the :class:`~tokenbucket.plan.buckets.BucketPlan` the batches come from (budget, buckets).
         sinks: where events go: paths (a :class:`~tokenbucket.monitor.sinks.JsonlSink` each), sinks, or any
             callables taking the event dict. Default: ``["tokenbucket-run.jsonl"]``; ``[]`` for none.
-        risk_threshold: predicted peak / budget above which a batch is reported as risky.
+        risk_threshold: a batch's risk is its predicted peak memory / the plan's budget
+            (``budget_bytes``, itself already about 10 % under the GPU's usable memory: see
+            :func:`~tokenbucket.cost.gpus.gpu_budget_bytes`); a batch above this threshold is
+            reported as risky (a ``risk`` event with its keys). The plan's own batches sit at or
+            below 1 by construction, so the default 1.0 flags only a batch whose prediction passes
+            the budget (a cost model other than the plan's, a changed budget). If the report's
+            ``drift`` column (measured / predicted) runs above 1, set it to about
+            ``1 / drift`` (0.9 for a model 10 % low) so the batches that could really OOM are
+            the ones flagged; going above 1 silences real warnings.
         drift_margin: measured / predicted may exceed 1 by this much before a drift warning.
         memory: ``"auto"`` (CUDA peaks when CUDA is available), a :class:`MemoryReader`, or ``None``.
         cost_model: re-predicts the parts of a split batch and suggests batch sizes after drift.

@@ -1,7 +1,20 @@
 """A training run's JSONL log, read back and turned into a report.
 
     monitor (training) --> RUN.jsonl --read_events--> RunLog --summarize_events--> per-bucket rows
-                                                         └--write_report--> 4 PNGs + report.html
+                                                         └--write_report--> 5 PNGs + report.html
+
+The plots: step latency per bucket (a box per bucket), predicted vs measured peak per step, risk
+per step against the threshold, real tokens/s per bucket, and per bucket the peak memory
+(predicted, and measured where the run had a memory reader) as bars against the budget beside
+the median step time (:func:`bucket_figure`).
+
+NOTE [ Risk ]
+A batch's risk is its predicted peak memory / the plan's budget (``budget_bytes``, already about 10 %
+under what the GPU can give: :func:`~tokenbucket.cost.gpus.gpu_budget_bytes`). A static plan's
+own batches stay at or below 1; the monitor flags a batch above its ``risk_threshold`` (default
+1.0) with a ``risk`` event. Where the measured peak runs above the prediction (the ``drift``
+column, measured / predicted), a threshold of about ``1 / drift`` flags the batches that could
+really run out of memory.
 
 Each line of the log is one JSON object with an ``event`` field (``start``, ``step``, ``risk``,
 ``oom``, ``drift``, ``adapt``, ``summary``); events of other types are kept but ignored, so an
@@ -24,22 +37,39 @@ import base64
 import html
 import io
 import json
+import math
 import os
 import re
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket._progress import progress as progress_bar
 from tokenbucket.monitor.stats import event_problem, summarize_events
 
-__all__ = ["COUNTED_EVENTS", "REPORT_FILES", "ReportFiles", "RunLog", "check_report_dir", "read_events", "write_report"]
+if TYPE_CHECKING:  # matplotlib is the optional `plot` extra: imported only by pyplot()
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "COUNTED_EVENTS",
+    "REPORT_FILES",
+    "ReportFiles",
+    "RunLog",
+    "bucket_figure",
+    "check_report_dir",
+    "pyplot",
+    "read_events",
+    "report_figures",
+    "write_report",
+]
 
 COUNTED_EVENTS = ("risk", "oom", "drift", "adapt")
-# what write_report writes into its folder, and nothing else (NOTE [ Report folder ])
-REPORT_FILES = ("latency.png", "memory.png", "risk.png", "throughput.png", "report.html")
+# what write_report writes into its folder, and nothing else (NOTE [ Report folder ]); the page last
+REPORT_FILES = ("latency.png", "memory.png", "risk.png", "throughput.png", "buckets.png", "report.html")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,11 +111,12 @@ class ReportFiles:
     memory: Path
     risk: Path
     throughput: Path
+    buckets: Path
     html: Path
 
     @property
-    def pngs(self) -> tuple[Path, Path, Path, Path]:
-        return self.latency, self.memory, self.risk, self.throughput
+    def pngs(self) -> tuple[Path, ...]:
+        return self.latency, self.memory, self.risk, self.throughput, self.buckets
 
 
 # NOTE [ Cut lines ]
@@ -216,21 +247,24 @@ def pyplot() -> Any:
     return plt
 
 
-def _plots(log: RunLog, rows: list[dict[str, Any]]) -> list[bytes]:
-    """The four plots as PNG files' bytes, in :data:`REPORT_FILES` order."""
+def _latency_figure(log: RunLog, rows: list[dict[str, Any]]) -> Figure:
     plt = pyplot()
-    steps, gib = log.of("step"), 2.0**30
-    figs = [plt.subplots(figsize=(7, 4)) for _ in range(4)]
-
-    ax = figs[0][1]
-    latency = _by_bucket(steps, "latency_s")
+    fig: Figure
+    fig, ax = plt.subplots(figsize=(7, 4))
+    latency = _by_bucket(log.of("step"), "latency_s")
     if latency:
         positions = list(range(1, len(latency) + 1))
         ax.boxplot([[v * 1e3 for v in vs] for vs in latency.values()], positions=positions)
         ax.set_xticks(positions, [str(b) for b in latency])
     ax.set(xlabel="bucket", ylabel="step latency (ms)", title="step latency per bucket")
+    return fig
 
-    ax = figs[1][1]
+
+def _memory_figure(log: RunLog, rows: list[dict[str, Any]]) -> Figure:
+    plt = pyplot()
+    steps, gib = log.of("step"), 2.0**30
+    fig: Figure
+    fig, ax = plt.subplots(figsize=(7, 4))
     measured = [s for s in steps if s.get("measured_bytes") is not None]
     if measured:
         for bucket in sorted({s["bucket"] for s in measured}):
@@ -245,8 +279,14 @@ def _plots(log: RunLog, rows: list[dict[str, Any]]) -> list[bytes]:
         for bucket, values in predicted.items():
             ax.scatter([str(bucket)] * len(values), [v / gib for v in values], s=12, color="#4c72b0")
         ax.set(xlabel="bucket", ylabel="predicted peak (GiB)", title="predicted peak; no measured memory (CPU run)")
+    return fig
 
-    ax = figs[2][1]
+
+def _risk_figure(log: RunLog, rows: list[dict[str, Any]]) -> Figure:
+    plt = pyplot()
+    steps = log.of("step")
+    fig: Figure
+    fig, ax = plt.subplots(figsize=(7, 4))
     for bucket in _by_bucket(steps, "risk"):
         xs, ys = _series(steps, bucket, "step", "risk")
         ax.scatter(xs, ys, s=8, label=f"bucket {bucket}")
@@ -254,17 +294,106 @@ def _plots(log: RunLog, rows: list[dict[str, Any]]) -> list[bytes]:
         ax.axhline(log.start()["risk_threshold"], color="#c44e52", lw=1, ls="--", label="risk threshold")
     for i, oom in enumerate(e for e in log.of("oom") if e.get("step") is not None):
         ax.axvline(oom["step"], color="black", lw=1, alpha=0.6, label="oom" if i == 0 else None)
-    ax.set(xlabel="step", ylabel="risk (predicted / budget)", title="risk per step")
+    # NOTE [ Risk ]
+    ax.set(xlabel="step", ylabel="risk (predicted peak / budget)", title="risk per step")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small")
+    return fig
 
-    ax = figs[3][1]
+
+def _throughput_figure(log: RunLog, rows: list[dict[str, Any]]) -> Figure:
+    plt = pyplot()
+    fig: Figure
+    fig, ax = plt.subplots(figsize=(7, 4))
     tps = [r for r in rows if r.get("tokens_per_s") is not None]
     ax.bar([str(r["bucket"]) for r in tps], [r["tokens_per_s"] for r in tps], color="#55a868")
     ax.set(xlabel="bucket", ylabel="real tokens/s", title="real (unpadded) tokens per second per bucket")
+    return fig
 
+
+def _budget_bytes(log: RunLog) -> float | None:
+    """The run's memory budget: the start event's ``budget_bytes``, else predicted / risk of a step
+    (NOTE [ Risk ]: risk is predicted / budget), else ``None``."""
+    budget = log.start().get("budget_bytes")
+    if type(budget) is int and budget > 0:
+        return float(budget)
+    for s in log.of("step"):
+        if s["risk"] > 0 and s["predicted_bytes"] > 0:
+            return float(s["predicted_bytes"] / s["risk"])
+    return None
+
+
+def bucket_figure(log: RunLog, rows: list[dict[str, Any]] | None = None) -> Figure:
+    """Per bucket, two panels: the peak memory as bars against the budget (a horizontal line),
+    and the median step time.
+
+    The memory panel has one bar per bucket for the predicted peak and, where the run had a
+    memory reader (a GPU), one beside it for the measured peak (NaN, so no bar, for a bucket
+    never measured); the step-time panel has one bar per bucket at the median (p50) latency,
+    whiskers up to p95, each labelled with its steps. ``rows``: :func:`summarize_events` of the
+    log's events (computed when not given).
+
+    Raises:
+        ConfigError: matplotlib (the ``plot`` extra) is not installed.
+    """
+    plt = pyplot()
+    rows = summarize_events(log.events) if rows is None else rows
+    fig: Figure
+    memory: Axes
+    timing: Axes
+    fig, (memory, timing) = plt.subplots(1, 2, figsize=(11, 4))
+    x = list(range(len(rows)))
+    names = [str(r["bucket"]) for r in rows]
+    budget = _budget_bytes(log)
+    top = max(
+        [budget or 0.0, *(r["predicted_peak_bytes"] for r in rows), *(r["measured_peak_bytes"] or 0 for r in rows)]
+    )
+    unit, scale = ("GiB", 2.0**30) if top >= 2**30 else ("MiB", 2.0**20)  # as format_summary shows them
+    measured = any(r["measured_peak_bytes"] is not None for r in rows)
+    width = 0.4 if measured else 0.6
+    shift = width / 2 if measured else 0.0
+    predicted = [r["predicted_peak_bytes"] / scale for r in rows]
+    memory.bar([i - shift for i in x], predicted, width, color="#4c72b0", label="predicted peak")
+    if measured:
+        peaks = [math.nan if r["measured_peak_bytes"] is None else r["measured_peak_bytes"] / scale for r in rows]
+        memory.bar([i + shift for i in x], peaks, width, color="#dd8452", label="measured peak")
+    if budget is not None:
+        memory.axhline(budget / scale, color="#c44e52", lw=1.2, ls="--", label=f"budget {budget / scale:,.2f} {unit}")
+    memory.set_xticks(x, names)
+    title = "peak memory per bucket" + ("" if measured else " (predicted; no measured memory: CPU run)")
+    memory.set(xlabel="bucket", ylabel=f"peak memory ({unit})", title=title)
+    memory.set_ylim(0, top / scale * 1.2)  # room above the budget line for the legend
+    memory.legend(fontsize="small", loc="upper right", ncols=3)
+
+    p50 = [(r["latency_p50_s"] or 0.0) * 1e3 for r in rows]
+    p95 = [(r["latency_p95_s"] or 0.0) * 1e3 for r in rows]
+    whiskers = [[0.0] * len(rows), [max(hi - lo, 0.0) for lo, hi in zip(p50, p95, strict=True)]]
+    bars = timing.bar(x, p50, 0.6, yerr=whiskers, capsize=3, color="#55a868", label="median step time")
+    timing.bar_label(bars, labels=[f"{r['steps']:,} steps" for r in rows], fontsize="small", padding=2)
+    timing.set_xticks(x, names)
+    timing.set_ylim(0, max([*p95, *p50, 1e-3]) * 1.15)  # room for the labels above the whiskers
+    timing.set(xlabel="bucket", ylabel="step time (ms)", title="step time per bucket (median, whisker to p95)")
+    fig.tight_layout()
+    return fig
+
+
+# the figures in REPORT_FILES order
+_FIGURES = (_latency_figure, _memory_figure, _risk_figure, _throughput_figure, bucket_figure)
+
+
+def report_figures(log: RunLog, rows: list[dict[str, Any]] | None = None) -> dict[str, Figure]:
+    """The report's figures by file name (:data:`REPORT_FILES`' PNGs), for a caller to inspect or
+    save its own way; close them with ``pyplot().close(fig)``."""
+    rows = summarize_events(log.events) if rows is None else rows
+    return {name: build(log, rows) for name, build in zip(REPORT_FILES[:-1], _FIGURES, strict=True)}
+
+
+def _plots(log: RunLog, rows: list[dict[str, Any]], progress: bool | None = None) -> list[bytes]:
+    """The plots as PNG files' bytes, in :data:`REPORT_FILES` order (a bar step per plot on a terminal)."""
+    plt = pyplot()
     out = []
-    for fig, _ in figs:
+    for build in progress_bar(_FIGURES, desc="report plots", unit="plots", enabled=progress):
+        fig = build(log, rows)
         fig.tight_layout()
         buffer = io.BytesIO()
         # NOTE [ Report folder ]: the mark that lets a later report replace this file
@@ -361,11 +490,12 @@ def _cell(head: str, value: object) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 or isinstance(value, int) else f"{value:.4g}"
 
 
-def write_report(log: RunLog, out_dir: str | os.PathLike[str]) -> ReportFiles:
-    """Write four PNG plots and one self-contained ``report.html`` (plots inlined) into ``out_dir``.
+def write_report(log: RunLog, out_dir: str | os.PathLike[str], *, progress: bool | None = None) -> ReportFiles:
+    """Write five PNG plots and one self-contained ``report.html`` (plots inlined) into ``out_dir``.
 
     The folder is made if missing; files there are replaced only if an earlier report wrote them
-    (NOTE [ Report folder ]).
+    (NOTE [ Report folder ]). ``progress``: a bar on stderr, a step per plot (default: when
+    stderr is a terminal; NOTE [ Progress on stderr ]).
 
     Raises:
         ConfigError: ``out_dir`` cannot hold the report (see :func:`check_report_dir`), or
@@ -373,7 +503,7 @@ def write_report(log: RunLog, out_dir: str | os.PathLike[str]) -> ReportFiles:
     """
     out_dir = check_report_dir(out_dir)
     rows = summarize_events(log.events)
-    pngs = _plots(log, rows)
+    pngs = _plots(log, rows, progress)
     heads = list(rows[0]) if rows else []
     table = "<tr>" + "".join(f"<th>{html.escape(_heading(h))}</th>" for h in heads) + "</tr>"
     table += "".join("<tr>" + "".join(f"<td>{_cell(h, r.get(h))}</td>" for h in heads) + "</tr>" for r in rows)
@@ -386,7 +516,7 @@ def write_report(log: RunLog, out_dir: str | os.PathLike[str]) -> ReportFiles:
     )
     images = "".join(
         f'<img alt="{Path(name).stem}" src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}">'
-        for name, data in zip(REPORT_FILES[:4], pngs, strict=True)
+        for name, data in zip(REPORT_FILES[:-1], pngs, strict=True)
     )
     title = html.escape(f"tokenbucket report: {log.path.name}")
     page = (
@@ -403,4 +533,6 @@ def write_report(log: RunLog, out_dir: str | os.PathLike[str]) -> ReportFiles:
     paths = [out_dir / name for name in REPORT_FILES]
     for path, data in zip(paths, [*pngs, page.encode("utf-8")], strict=True):
         _replace(path, data)
-    return ReportFiles(latency=paths[0], memory=paths[1], risk=paths[2], throughput=paths[3], html=paths[4])
+    return ReportFiles(
+        latency=paths[0], memory=paths[1], risk=paths[2], throughput=paths[3], buckets=paths[4], html=paths[5]
+    )

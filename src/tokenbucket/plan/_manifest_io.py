@@ -24,8 +24,6 @@ import json
 import os
 import re
 import shutil
-import sys
-import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -41,7 +39,6 @@ __all__ = [
     "META_KEY",
     "ContentHash",
     "PartSink",
-    "Progress",
     "is_manifest_file",
     "prepare_out",
     "replace_out",
@@ -51,27 +48,6 @@ __all__ = [
 MANIFEST_FORMAT = 2  # 2: the content hash covers every column, the plan and the token spec
 META_KEY = b"tokenbucket"
 _PART = re.compile(r"part-\d+\.parquet")
-
-
-class Progress:
-    """A one-line progress counter on a terminal (silent otherwise)."""
-
-    def __init__(self, total: int | None, label: str, enabled: bool | None) -> None:
-        self.total, self.label = total, label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.done, self.start = 0, time.perf_counter()
-
-    def update(self, rows: int) -> None:
-        self.done += rows
-        if not self.enabled:
-            return
-        rate = self.done / max(time.perf_counter() - self.start, 1e-9)
-        of = f"/{self.total:,}" if self.total else ""
-        print(f"\r{self.label}: {self.done:,}{of} rows ({rate:,.0f} rows/s)", end="", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.enabled:
-            print(file=sys.stderr)
 
 
 # -- the content hash ------------------------------------------------------------------------

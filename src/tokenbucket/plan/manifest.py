@@ -20,6 +20,10 @@ length histogram (merged across batches, so the plan is the one a single pass wo
 to write. It writes to a temporary file and renames it, so an interrupted build leaves no
 half manifest behind, and it replaces nothing at ``out`` but a manifest (NOTE [ Safe output ],
 in :mod:`tokenbucket.plan._manifest_io` with the rest of the on-disk side).
+
+On a terminal each phase shows a bar on stderr (NOTE [ Progress on stderr ]): ``1/3 counting``
+and ``3/3 writing`` move a record batch at a time; ``2/3 planning`` is one vectorised call, so
+it is one step.
 """
 
 from __future__ import annotations
@@ -40,12 +44,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tokenbucket._exceptions import ConfigError, ManifestMismatchWarning
+from tokenbucket._progress import progress as progress_bar
 from tokenbucket.plan._manifest_io import (
     MANIFEST_FORMAT,
     META_KEY,
     ContentHash,
     PartSink,
-    Progress,
     prepare_out,
     replace_out,
     temp_path,
@@ -238,6 +242,7 @@ def _count(
     total_rows: int | None,
     check_keys: bool,
     min_total: int = 0,
+    desc: str = "counting",
 ) -> tuple[LengthHistogram, np.ndarray]:
     """Pass 1: the lengths of the rows the write will put in a bucket (or find oversize).
 
@@ -247,31 +252,33 @@ def _count(
     """
     hist = LengthHistogram(np.zeros(0, np.int64), np.zeros(0, np.int64))
     raw: list[np.ndarray] = []
-    bar = Progress(total_rows, "counting", progress)
     key = spec.columns.key if check_keys else None
     counting = spec if key is not None else replace(spec, columns=replace(spec.columns, key=None))
     needed = [spec.columns.cameras, spec.columns.frames, spec.columns.height, spec.columns.width]
     needed += [r.column for r in spec.rules().values() if r.column is not None]
     seen = _SeenKeys()
-    for table in iter_metadata_batches(
-        paths,
-        batch_rows=batch_rows,
-        columns=needed + ([key] if key else []),
-        key=spec.columns.key,
-        absent=spec.absent_as_zero(),
-    ):
-        result = breakdown_table(table, counting, on_invalid="reject", min_total=min_total)
-        totals = result.totals
-        if key is not None:
-            dup = seen.add(result.table.column("key"), refuse=True)
-            if dup is not None:
-                totals = totals[~dup]
-        # a packed plan keeps samples of 0 tokens (NOTE [ Samples without tokens ]): no bin for them
-        hist = hist.merge(LengthHistogram.from_lengths(totals[totals > 0]))
-        if keep_lengths:
-            raw.append(totals)
-        bar.update(table.num_rows)
-    bar.close()
+    bar = progress_bar(total_rows, desc=desc, unit="rows", enabled=progress)
+    try:
+        for table in iter_metadata_batches(
+            paths,
+            batch_rows=batch_rows,
+            columns=needed + ([key] if key else []),
+            key=spec.columns.key,
+            absent=spec.absent_as_zero(),
+        ):
+            result = breakdown_table(table, counting, on_invalid="reject", min_total=min_total)
+            totals = result.totals
+            if key is not None:
+                dup = seen.add(result.table.column("key"), refuse=True)
+                if dup is not None:
+                    totals = totals[~dup]
+            # a packed plan keeps samples of 0 tokens (NOTE [ Samples without tokens ]): no bin for them
+            hist = hist.merge(LengthHistogram.from_lengths(totals[totals > 0]))
+            if keep_lengths:
+                raw.append(totals)
+            bar.update(table.num_rows)
+    finally:
+        bar.close()  # a bar cut short by an error clears its line before the message
     return hist, (np.concatenate(raw) if raw else np.zeros(0, np.int64))
 
 
@@ -308,7 +315,8 @@ def build_manifest(
             the plan then counts only the rows kept).
         batch_rows: rows per record batch (memory is bounded by this, not by the input).
         part_rows: with a directory, start a new part file after about this many rows.
-        progress: show a progress line (default: when stderr is a terminal).
+        progress: show a bar per phase on stderr (default: when stderr is a terminal; NOTE
+            [ Progress on stderr ]).
         meta: more JSON-ready context to record (e.g. the model and GPU).
         force: also replace an existing ``out`` that is a regular file but not a manifest
             (never a directory, never a metadata input).
@@ -325,6 +333,7 @@ def build_manifest(
     total_rows = count_rows(paths)
 
     # Pass 1: lengths → histogram (mergeable), and the raw lengths for dynamic mode.
+    phases = 1 if isinstance(plan_or_cost, BucketPlan) else 3  # (a given plan is only written)
     if isinstance(plan_or_cost, BucketPlan):
         plan = plan_or_cost
     else:
@@ -339,17 +348,24 @@ def build_manifest(
             total_rows=total_rows,
             check_keys=on_invalid == "reject",
             min_total=0 if mode == "packed" else 1,  # NOTE [ Samples without tokens ]
+            desc="1/3 counting",
         )
         lengths: Any = raw if mode in ("dynamic", "packed") else hist  # both simulate the samples themselves
-        plan = plan_buckets(
-            lengths,
-            plan_or_cost,
-            budget_bytes,
-            max_buckets=max_buckets,
-            mode=mode,  # type: ignore[arg-type]
-            on_oversize=on_oversize,  # type: ignore[arg-type]
-            meta=meta,
-        )
+        # one vectorised call: its bar is one step, not a fake count (NOTE [ Progress on stderr ])
+        step = progress_bar(1, desc="2/3 planning", unit="step", enabled=progress)
+        try:
+            plan = plan_buckets(
+                lengths,
+                plan_or_cost,
+                budget_bytes,
+                max_buckets=max_buckets,
+                mode=mode,  # type: ignore[arg-type]
+                on_oversize=on_oversize,  # type: ignore[arg-type]
+                meta=meta,
+            )
+            step.update(1)
+        finally:
+            step.close()
     bounds = plan.bounds
     if not len(bounds):
         raise ConfigError("the plan has no buckets: every sample was oversize")
@@ -361,7 +377,7 @@ def build_manifest(
         target.mkdir()
     sink = PartSink(target, as_parts, part_rows)
     seen = _SeenKeys()  # NOTE [ Duplicate keys across batches ]
-    bar = Progress(total_rows, "writing", progress)
+    bar = progress_bar(total_rows, desc=f"{phases}/{phases} writing", unit="rows", enabled=progress)
     offset = 0
     try:
         for table in iter_metadata_batches(
@@ -379,7 +395,7 @@ def build_manifest(
             sink.write(part)
             offset += table.num_rows
             bar.update(table.num_rows)
-        bar.close()
+        bar.close()  # (before the last hashing and renames: the rows are all written)
         if not sink.rows:
             raise ConfigError("the metadata inputs hold no rows")
         if on_invalid != "reject":  # (rejected as they came, above)
@@ -402,6 +418,7 @@ def build_manifest(
         sink.close(_json_ready(info))
         replace_out(target, out)
     finally:
+        bar.close()  # (closing twice is harmless)
         sink.abort()
         if target.is_dir():
             shutil.rmtree(target, ignore_errors=True)

@@ -26,6 +26,7 @@ With flash-attn on a GPU::
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -52,16 +53,40 @@ from tokenbucket.train.sampler import (
 if TYPE_CHECKING:  # typing_extensions comes with torch; Unpack is in typing from 3.11
     from typing_extensions import Unpack
 
-__all__ = ["PackedBatchSampler", "PackedCollate", "PackedOptions", "block_diagonal_mask", "flex_block_mask"]
+__all__ = [
+    "DENSE_MASK_WARN_BYTES",
+    "PackedBatchSampler",
+    "PackedCollate",
+    "PackedOptions",
+    "block_diagonal_mask",
+    "dense_mask_bytes",
+    "flex_block_mask",
+]
+
+# NOTE [ Dense mask size ]
+# block_diagonal_mask is R x P x P bools, one byte each: 256 MiB at one row of 16,384 tokens,
+# 4 GiB at 65,536, none of it in the plan's flash / varlen prediction. PackedCollate warns once
+# (per collate object: once per DataLoader worker) when a batch's dense mask would pass this.
+DENSE_MASK_WARN_BYTES = 256 * 2**20
+
+
+def dense_mask_bytes(rows: int, pack_length: int) -> int:
+    """Bytes of :func:`block_diagonal_mask` for ``rows`` packed rows of ``pack_length`` tokens (bool: 1 B each).
+
+    Example:
+        >>> dense_mask_bytes(4, 8192) // 2**20  # MiB
+        256
+    """
+    return int(rows) * int(pack_length) ** 2
 
 
 def block_diagonal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     """``[R, 1, P, P]`` bool, True where token q may attend to token k: the same sample (or, for a
     padding token, itself). For ``scaled_dot_product_attention(..., attn_mask=mask)``.
 
-    The mask is dense: ``R x P²`` bytes (and a masked SDPA computes every score), which the
-    plan's flash / varlen cost does not include; at long rows use ``cu_seqlens`` with a varlen
-    kernel or :func:`flex_block_mask` instead.
+    The mask is dense: ``R x P²`` bytes (:func:`dense_mask_bytes`; and a masked SDPA computes
+    every score), which the plan's flash / varlen cost does not include; at long rows use
+    ``cu_seqlens`` with a varlen kernel or :func:`flex_block_mask` instead (NOTE [ Dense mask size ]).
 
     Example:
         >>> block_diagonal_mask(torch.tensor([[1, 1, 2, 0]]))[0, 0].int().tolist()
@@ -104,6 +129,10 @@ class PackedCollate:
         data: the :class:`~tokenbucket.train.collate.TokenBucketDataset` (lengths, keys, plan budget).
         pack_length: tokens per row.
         rows_per_batch: rows per batch (the batch's fixed shape); ``None``: as many as needed.
+
+    Warns:
+        UserWarning: once per collate object, the first time a batch's dense
+            :func:`block_diagonal_mask` would take more than 256 MiB (NOTE [ Dense mask size ]).
     """
 
     def __init__(
@@ -120,6 +149,21 @@ class PackedCollate:
         self.data, self.pack_length, self.rows_per_batch = data, int(pack_length), rows_per_batch
         self.tokens_key, self.pad_value, self.cost_model = tokens_key, pad_value, cost_model
         self.with_layout = with_layout
+        self._warned_mask = False
+
+    def _check_mask_size(self, rows: int) -> None:
+        """Warn once when this batch's dense block mask would pass 256 MiB (NOTE [ Dense mask size ])."""
+        nbytes = dense_mask_bytes(rows, self.pack_length)
+        if self._warned_mask or nbytes <= DENSE_MASK_WARN_BYTES:
+            return
+        self._warned_mask = True
+        warnings.warn(
+            f"packed batch of {rows} rows x {self.pack_length:,} tokens: a dense block_diagonal_mask "
+            f"would take {nbytes / 2**20:,.0f} MiB (rows x pack_length² bytes), outside the plan's "
+            "memory; use cu_seqlens with a varlen kernel or flex_block_mask instead",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def __call__(self, batch: Sequence[tuple[int, Any]]) -> dict[str, Any]:
         P = self.pack_length
@@ -143,6 +187,7 @@ class PackedCollate:
                 f"the batch needs {len(rows)} rows of {P:,} tokens but holds {R}: the sampler's packing "
                 f"and the collate's pack_length / rows_per_batch disagree"
             )
+        self._check_mask_size(R)
         template = samples[0][1] if samples else self.data.token_template(self.tokens_key)
         # a row is its samples end to end, padded like any collate's rows
         pieces = [[t for _, t in row] for row in rows]
