@@ -193,6 +193,12 @@ class StagedModel:
     def params(self) -> int:
         return sum(self.params_by_stage().values())
 
+    @property
+    def decoder_layer_params(self) -> int:
+        """Parameters of one backbone layer (exact, unlike ``backbone.layer_params``)."""
+        spec = self.backbone
+        return _decoder_block_params(spec, self.head_dim, self.attn_bias, self.norms_per_layer) // spec.layers
+
     @classmethod
     def preset(cls, name: str) -> StagedModel:
         """A named preset (see ``STAGED_PRESETS``)."""

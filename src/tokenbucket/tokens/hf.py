@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenbucket._exceptions import ConfigError
@@ -31,7 +32,15 @@ from tokenbucket.tokens._hf_json import (
 from tokenbucket.tokens.breakdown import breakdown_sample
 from tokenbucket.tokens.spec import CountRule, TokenSpec
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "HFConfig", "image_tokens", "read_hf_config", "token_spec_from_hf"]
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "HFConfig",
+    "VisionInputs",
+    "image_tokens",
+    "read_hf_config",
+    "token_spec_from_hf",
+    "vision_inputs",
+]
 
 
 def _text_only() -> dict[str, CountRule]:
@@ -174,7 +183,9 @@ def _idefics3_tiles(cfg: HFConfig, height: int, width: int) -> int:
     if not split:
         return 1
     ratio = width / height  # longest side to ``longest``, the other keeps the ratio (rounded up to even)
-    if width >= height:
+    if cfg.preprocessor.get("do_resize", True) is False:  # no resize: only the cap, then the tile grid
+        w, h = width, height
+    elif width >= height:
         w, h = longest, int(longest / ratio)
         h += h % 2
     else:
@@ -220,3 +231,44 @@ def image_tokens(config: str | Path | HFConfig, height: int, width: int) -> int:
             raise ConfigError(f"an image of {height}x{width} is smaller than one merged patch ({factor} px)")
     spec = token_spec_from_hf(cfg)
     return int(breakdown_sample({"cameras": 1, "frames": 1, "height": height, "width": width}, spec).vision)
+
+
+@dataclass(frozen=True)
+class VisionInputs:
+    """What one image becomes: ``tower_images`` tower passes of ``patches_per_image`` tokens each,
+    and ``llm_tokens`` LLM positions (see :func:`vision_inputs`)."""
+
+    tower_images: int
+    patches_per_image: int
+    llm_tokens: int
+
+
+def vision_inputs(config: str | Path | HFConfig, height: int, width: int) -> VisionInputs:
+    """How the vision tower and the LLM see one ``height x width`` image, as the processor prepares it.
+
+    ``tower_images`` counts the tower's passes (LLaVA-NeXT's base image plus its any-resolution
+    crops; Idefics3 / SmolVLM tiles plus the global tile; one otherwise); ``patches_per_image``
+    is the tower's own sequence per pass (CLIP keeps its class token; Qwen2-VL's pre-merge
+    patches); ``llm_tokens`` equals :func:`image_tokens`. A plain decoder gives ``(0, 0, 0)``.
+
+    Example:
+        >>> from tokenbucket.tokens._hf_json import HFConfig
+        >>> vision_inputs(HFConfig("<qwen>", {"model_type": "qwen2_vl"}), 448, 448)
+        VisionInputs(tower_images=1, patches_per_image=1024, llm_tokens=256)
+    """
+    cfg = read_hf_config(config)
+    llm = image_tokens(cfg, height, width)
+    mt = cfg.model_type
+    if mt in DECODER_TYPES:
+        return VisionInputs(0, 0, 0)
+    if mt in ("qwen2_vl", "qwen2_5_vl"):
+        merge = cfg.vision_int("spatial_merge_size")
+        return VisionInputs(1, llm * merge * merge, llm)
+    side, patch = _fixed_side(cfg)
+    grid = (side // patch) ** 2
+    if mt in ("idefics3", "smolvlm"):
+        return VisionInputs(_idefics3_tiles(cfg, height, width), grid, llm)
+    if mt == "llava_next":
+        best_h, best_w = _best_resolution(height, width, cfg.config.get("image_grid_pinpoints") or LLAVA_PINPOINTS)
+        return VisionInputs((best_h // side) * (best_w // side) + 1, grid + 1, llm)
+    return VisionInputs(1, grid + (1 if mt == "llava" else 0), llm)

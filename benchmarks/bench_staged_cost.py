@@ -1,0 +1,92 @@
+"""Staged cost model vs measured training peaks of real Hugging Face models (per rank).
+
+Command (reads ``tests/data/hf_truth.json``, or the files given; no GPU, a second or two):
+
+    .venv/bin/python benchmarks/bench_staged_cost.py
+    .venv/bin/python benchmarks/bench_staged_cost.py /tmp/tb/truth/part_*.json
+
+Prints a markdown table (arch x train x sharding x shape: predicted and measured GiB per rank,
+error %) and the worst over- and under-prediction. The truth comes from
+``benchmarks/hf_truth.py`` (one bf16 step, AdamW foreach, sdpa, MemTracker / FSDPMemTracker).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tokenbucket.cost.hf_model import staged_from_config
+from tokenbucket.cost.staged import Sample, StagedCostModel, TrainSetup
+from tokenbucket.tokens._hf_json import HFConfig
+
+FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf_truth.json"
+# the generator tiles SmolVLM images without upscaling them first (benchmarks/hf_truth.py _smol_tiles)
+PREPROCESSORS: dict[str, dict[str, Any]] = {
+    "smolvlm-256m": {"do_resize": False, "max_image_size": {"longest_edge": 512}},
+}
+
+
+def load(paths: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    configs: dict[str, Any] = {}
+    points: list[dict[str, Any]] = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        configs.update(data["configs"])
+        points += data["points"]
+    return configs, points
+
+
+def predict(point: dict[str, Any], configs: dict[str, Any]) -> tuple[int, str]:
+    """(predicted peak bytes per rank, phase) of one truth point."""
+    arch = point["arch"]
+    cfg = HFConfig(f"<{arch}>", configs[arch], PREPROCESSORS.get(arch, {}))
+    model = staged_from_config(cfg, arch)
+    sharded = point["sharding"] != "none"
+    setup = TrainSetup(train=point["train"], sharding="fsdp" if sharded else "none", world_size=point["world"])
+    sample = Sample(
+        images=point["images"], height=point["height"], width=point["width"], text_tokens=point["text_tokens"]
+    )
+    est = StagedCostModel(model, setup, config=cfg).memory(point["batch"], sample)
+    if est.seq_len != point["seq_len"]:
+        raise AssertionError(f"{arch}: seq_len {est.seq_len} != measured {point['seq_len']}")
+    return est.peak_bytes, est.phase
+
+
+def rows(paths: list[Path]) -> list[tuple[dict[str, Any], int, str, float]]:
+    configs, points = load(paths)
+    out = []
+    for p in points:
+        pred, phase = predict(p, configs)
+        out.append((p, pred, phase, 100.0 * (pred - p["peak_bytes"]) / p["peak_bytes"]))
+    return out
+
+
+def main(argv: list[str]) -> None:
+    paths = [Path(a) for a in argv] or [FIXTURE]
+    table = rows(paths)
+    gib = 2**30
+    print(
+        "| arch | train | sharding | B x (images HxW + text) | seq | predicted GiB | measured GiB | error % | phase |"
+    )
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
+    for p, pred, phase, err in sorted(
+        table, key=lambda r: (r[0]["arch"], r[0]["train"], r[0]["sharding"], r[0]["seq_len"])
+    ):
+        shape = f"{p['batch']} x ({p['images']} {p['height']}x{p['width']} + {p['text_tokens']})"
+        print(
+            f"| {p['arch']} | {p['train']} | {p['sharding']} | {shape} | {p['seq_len']} | {pred / gib:.3f} | "
+            f"{p['peak_bytes'] / gib:.3f} | {err:+.1f} | {phase} |"
+        )
+    if table:
+        over = max(table, key=lambda r: r[3])
+        under = min(table, key=lambda r: r[3])
+        for label, (p, _, _, err) in (("worst over", over), ("worst under", under)):
+            print(
+                f"\n{label}: {err:+.1f} % ({p['arch']} {p['train']} {p['sharding']} B={p['batch']} seq={p['seq_len']})"
+            )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,769 @@
+"""Measured training peaks of real Hugging Face models on fake tensors: the truth set.
+
+Command (what ``tests/data/hf_truth.json`` comes from; no GPU, no downloads):
+
+    .venv/bin/python benchmarks/hf_truth.py                      # every arch, ~30-60 min on 2 cores
+    .venv/bin/python benchmarks/hf_truth.py --only qwen2-vl-2b --out /tmp/qwen2vl.json
+    .venv/bin/python benchmarks/hf_truth.py --merge a.json b.json --out tests/data/hf_truth.json
+
+Each point builds a real ``transformers`` model from its config class at the real size, in pure
+bf16 (the default dtype is bf16 while it is built), under ``FakeTensorMode`` on ``cpu``, and runs
+one training step: forward with labels, backward, ``AdamW(foreach=True).step()``. The peak of
+live tensor bytes comes from PyTorch's own trackers: ``MemTracker`` (unsharded) and
+``FSDPMemTracker`` over FSDP2 ``fully_shard`` on a fake process group of 8 ranks. Unsharded points
+also carry tokenbucket's ``StorageTracker`` peak (512 B rounding, like the CUDA allocator).
+
+NOTE [ Root-only peak stats ]
+``MemTracker._update_peak_stats`` walks every module's stats after every op (a weak-key dict
+with a ``hasattr`` per module), 80% of the run time. The global peak does not depend on the
+per-module stats, so the trackers here only keep the root module's (forward and backward peak):
+the global peak is the one stock ``MemTracker`` reports, ~5x faster.
+
+NOTE [ Real bookkeeping tensors ]
+Qwen2-VL and LLaVA-NeXT read their image grids on the host (``grid_thw.tolist()``,
+``cu_seqlens`` split sizes). Fake tensors have no data, so those inputs stay real tensors, and
+``_RealOps`` runs any op whose tensor inputs are all real on the real tensors (a few KiB, not
+counted). Everything with a fake input stays fake. The 3-D rope positions of Qwen2-VL are
+computed from the real ``input_ids`` before the fake step and passed in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import types
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TRANSFORMERS_DISABLE_TORCH_CHECK", "1")  # checks read fake tensor values
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import peft
+import torch
+import transformers
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from transformers.initialization import no_init_weights
+
+from tokenbucket.cost.profile import StorageTracker
+
+FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf_truth.json"
+WORLD = 8
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+# -- configs (real sizes, built in code) -------------------------------------------------------
+
+
+def _llama2_7b(**kw: object) -> transformers.LlamaConfig:
+    return transformers.LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32064,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        **kw,
+    )
+
+
+def _gemma_2b(vocab_size: int = 256000) -> transformers.GemmaConfig:
+    return transformers.GemmaConfig(
+        hidden_size=2048,
+        intermediate_size=16384,
+        num_hidden_layers=18,
+        num_attention_heads=8,
+        num_key_value_heads=1,
+        head_dim=256,
+        vocab_size=vocab_size,
+        max_position_embeddings=8192,
+    )
+
+
+def _qwen2_05b(**kw: object) -> transformers.Qwen2Config:
+    return transformers.Qwen2Config(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        **kw,
+    )
+
+
+def _clip_l336() -> transformers.CLIPVisionConfig:
+    return transformers.CLIPVisionConfig(
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        image_size=336,
+        patch_size=14,
+        projection_dim=768,
+        hidden_act="quick_gelu",
+    )
+
+
+def _siglip_so400m(image_size: int, patch_size: int = 14) -> transformers.SiglipVisionConfig:
+    return transformers.SiglipVisionConfig(
+        hidden_size=1152,
+        intermediate_size=4304,
+        num_hidden_layers=27,
+        num_attention_heads=16,
+        image_size=image_size,
+        patch_size=patch_size,
+    )
+
+
+def _build_config(name: str) -> transformers.PretrainedConfig:
+    if name == "qwen2-0.5b":
+        return _qwen2_05b()
+    if name == "llama-3.2-1b":
+        return transformers.LlamaConfig(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=64,
+            vocab_size=128256,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 32.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+            tie_word_embeddings=True,
+        )
+    if name == "gemma-2b":
+        return _gemma_2b()
+    if name == "qwen2-vl-2b":
+        return transformers.Qwen2VLConfig(
+            text_config={
+                "hidden_size": 1536,
+                "intermediate_size": 8960,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 12,
+                "num_key_value_heads": 2,
+                "vocab_size": 151936,
+                "max_position_embeddings": 32768,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+            },
+            vision_config={
+                "depth": 32,
+                "embed_dim": 1280,
+                "hidden_size": 1536,
+                "num_heads": 16,
+                "mlp_ratio": 4,
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+            },
+            tie_word_embeddings=True,
+        )
+    if name == "qwen2.5-vl-3b":
+        return transformers.Qwen2_5_VLConfig(
+            text_config={
+                "hidden_size": 2048,
+                "intermediate_size": 11008,
+                "num_hidden_layers": 36,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 2,
+                "vocab_size": 151936,
+                "max_position_embeddings": 128000,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+            },
+            vision_config={
+                "depth": 32,
+                "hidden_size": 1280,
+                "intermediate_size": 3420,
+                "out_hidden_size": 2048,
+                "num_heads": 16,
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+                "window_size": 112,
+                "fullatt_block_indexes": [7, 15, 23, 31],
+            },
+            tie_word_embeddings=True,
+        )
+    if name == "llava-1.5-7b":
+        return transformers.LlavaConfig(
+            vision_config=_clip_l336(),
+            text_config=_llama2_7b(),
+            image_token_index=32000,
+            vision_feature_layer=-2,
+            vision_feature_select_strategy="default",
+        )
+    if name == "llava-next-qwen2-0.5b":
+        return transformers.LlavaNextConfig(
+            vision_config=_clip_l336(),
+            text_config=_qwen2_05b(),
+            image_token_index=151646,
+            vision_feature_layer=-2,
+            vision_feature_select_strategy="default",
+            image_grid_pinpoints=[[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
+        )
+    if name == "paligemma-3b":
+        return transformers.PaliGemmaConfig(
+            vision_config=_siglip_so400m(224),
+            text_config=_gemma_2b(vocab_size=257216),
+            image_token_index=257152,
+            projection_dim=2048,
+            hidden_size=2048,
+        )
+    if name == "smolvlm-256m":
+        return transformers.Idefics3Config(
+            vision_config={
+                "hidden_size": 768,
+                "intermediate_size": 3072,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "image_size": 512,
+                "patch_size": 16,
+            },
+            text_config={
+                "model_type": "llama",
+                "hidden_size": 576,
+                "intermediate_size": 1536,
+                "num_hidden_layers": 30,
+                "num_attention_heads": 9,
+                "num_key_value_heads": 3,
+                "vocab_size": 49280,
+                "max_position_embeddings": 8192,
+                "rms_norm_eps": 1e-5,
+                "rope_theta": 100000.0,
+            },
+            scale_factor=4,
+            image_token_id=49190,
+            tie_word_embeddings=True,
+        )
+    raise KeyError(f"unknown arch {name!r}; one of {', '.join(ARCHS)}")
+
+
+def build_config(name: str) -> transformers.PretrainedConfig:
+    """The real-size config of ``name`` (sdpa attention), built from its config class."""
+    config = _build_config(name)
+    config._attn_implementation = "sdpa"
+    for sub in ("text_config", "vision_config"):
+        if hasattr(config, sub):
+            getattr(config, sub)._attn_implementation = "sdpa"
+    return config
+
+
+# arch -> (model class name, vision module attribute under ``model.model`` or None, LLM attribute)
+ARCHS: dict[str, tuple[str, str | None]] = {
+    "qwen2-0.5b": ("Qwen2ForCausalLM", None),
+    "llama-3.2-1b": ("LlamaForCausalLM", None),
+    "gemma-2b": ("GemmaForCausalLM", None),
+    "qwen2-vl-2b": ("Qwen2VLForConditionalGeneration", "visual"),
+    "qwen2.5-vl-3b": ("Qwen2_5_VLForConditionalGeneration", "visual"),
+    "llava-1.5-7b": ("LlavaForConditionalGeneration", "vision_tower"),
+    "paligemma-3b": ("PaliGemmaForConditionalGeneration", "vision_tower"),
+    "llava-next-qwen2-0.5b": ("LlavaNextForConditionalGeneration", "vision_tower"),
+    "smolvlm-256m": ("Idefics3ForConditionalGeneration", "vision_model"),
+}
+
+# per arch: (batch, images per sample, height, width, text tokens per sample)
+SHAPES: dict[str, list[tuple[int, int, int, int, int]]] = {
+    "qwen2-0.5b": [(1, 0, 0, 0, 256), (2, 0, 0, 0, 2048), (1, 0, 0, 0, 8192)],
+    "llama-3.2-1b": [(1, 0, 0, 0, 512), (2, 0, 0, 0, 2048), (1, 0, 0, 0, 8192)],
+    "gemma-2b": [(1, 0, 0, 0, 256), (2, 0, 0, 0, 1024), (1, 0, 0, 0, 4096)],
+    "qwen2-vl-2b": [(1, 1, 224, 224, 256), (2, 4, 448, 448, 1024), (1, 13, 448, 672, 2048), (1, 2, 896, 896, 8192)],
+    "qwen2.5-vl-3b": [(1, 1, 224, 224, 256), (2, 4, 448, 448, 1024), (1, 2, 896, 896, 4096)],
+    "llava-1.5-7b": [(1, 1, 336, 336, 256), (2, 1, 336, 336, 1024), (1, 4, 336, 336, 2048)],
+    "paligemma-3b": [(1, 1, 224, 224, 256), (2, 1, 224, 224, 1024), (1, 4, 224, 224, 2048)],
+    "llava-next-qwen2-0.5b": [(1, 1, 336, 336, 256), (2, 1, 672, 672, 1024), (1, 2, 336, 1008, 2048)],
+    "smolvlm-256m": [(1, 1, 512, 512, 256), (2, 1, 1024, 1024, 1024), (1, 4, 896, 896, 2048)],
+}
+
+TRAINS = ("full", "frozen-vision", "lora")
+SHARDINGS = ("none", "fsdp8")
+
+
+def setups(name: str) -> list[tuple[str, str]]:
+    """(train, sharding) pairs measured for ``name`` (frozen-vision only with a vision tower)."""
+    trains = [t for t in TRAINS if t != "frozen-vision" or ARCHS[name][1] is not None]
+    return [(t, s) for t in trains for s in SHARDINGS]
+
+
+# -- image tokens, the way each processor counts them -----------------------------------------
+
+
+def _qwen_grid(h: int, w: int) -> tuple[int, int]:
+    """Patch grid (rows, cols) of one image: sides rounded to multiples of 28 (smart_resize)."""
+    factor, min_pixels, max_pixels = 28, 56 * 56, 14 * 14 * 4 * 1280
+    hb, wb = max(factor, round(h / factor) * factor), max(factor, round(w / factor) * factor)
+    if hb * wb > max_pixels or hb * wb < min_pixels:
+        raise ValueError(f"image {h}x{w} outside the Qwen2-VL pixel range")
+    return hb // 14, wb // 14
+
+
+def _next_patches(config: Any, h: int, w: int) -> tuple[int, tuple[int, int]]:
+    """LLaVA-NeXT anyres: (number of 336 crops incl. the base image, best grid resolution)."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    best = select_best_resolution((h, w), config.image_grid_pinpoints)
+    size = config.vision_config.image_size
+    return (best[0] // size) * (best[1] // size) + 1, best
+
+
+def _next_tokens(config: Any, h: int, w: int) -> int:
+    """LLaVA-NeXT image tokens (LlavaNextProcessor._get_number_of_features)."""
+    side = config.vision_config.image_size // config.vision_config.patch_size
+    _, (bh, bw) = _next_patches(config, h, w)
+    ch, cw = bh // config.vision_config.image_size * side, bw // config.vision_config.image_size * side
+    orig_ratio, cur_ratio = w / h, cw / ch
+    if orig_ratio > cur_ratio:
+        new_h = int(round(h * (cw / w), 7))
+        ch -= 2 * ((ch - new_h) // 2)
+    else:
+        new_w = int(round(w * (ch / h), 7))
+        cw -= 2 * ((cw - new_w) // 2)
+    return ch * cw + ch + side * side  # unpadded grid, one newline per row, the base image
+
+
+def _smol_tiles(h: int, w: int) -> int:
+    """Idefics3 512-px tiles of one image (longest side resized to at most 2048), plus the global one."""
+    scale = min(1.0, 2048 / max(h, w))
+    rows, cols = -(-round(h * scale) // 512), -(-round(w * scale) // 512)
+    return rows * cols + (1 if rows * cols > 1 else 0)
+
+
+def image_tokens_per_image(name: str, config: Any, h: int, w: int) -> int:
+    """LLM tokens one image of ``h``×``w`` becomes (0 for text-only archs)."""
+    if name in ("qwen2-vl-2b", "qwen2.5-vl-3b"):
+        gh, gw = _qwen_grid(h, w)
+        return gh * gw // 4
+    if name == "llava-1.5-7b":
+        return (config.vision_config.image_size // config.vision_config.patch_size) ** 2
+    if name == "paligemma-3b":
+        return (config.vision_config.image_size // config.vision_config.patch_size) ** 2
+    if name == "llava-next-qwen2-0.5b":
+        return _next_tokens(config, h, w)
+    if name == "smolvlm-256m":
+        per_tile = (config.vision_config.image_size // config.vision_config.patch_size) ** 2 // config.scale_factor**2
+        return _smol_tiles(h, w) * per_tile
+    return 0
+
+
+# -- the fake step -----------------------------------------------------------------------------
+
+
+class _RealOps(TorchDispatchMode):  # type: ignore[misc]
+    """Runs ops whose tensor inputs are all real on real tensors (see NOTE [ Real bookkeeping tensors ])."""
+
+    def __torch_dispatch__(
+        self, func: Any, types_: Sequence[type], args: tuple[object, ...] = (), kwargs: dict[str, object] | None = None
+    ) -> object:
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _root_only_peaks(tracker: MemTracker, root: torch.nn.Module) -> None:
+    """NOTE [ Root-only peak stats ]: the stock peak logic, over the root module's stats only."""
+
+    def update(self: MemTracker, peak_state: Any) -> None:
+        curr = self._curr_mem_snap
+        stats = self.memory_tracking.get(root)
+        if stats is not None and stats.mod_fqn in self._mod_tracker.parents and peak_state in stats.snapshots:
+            for dev, snap in curr.items():
+                if stats.local_peak.get(dev, 0) < snap["Total"]:
+                    stats.local_peak[dev] = snap["Total"]
+                    stats.snapshots[peak_state][-1][dev] = dict(snap)
+        for dev, snap in curr.items():
+            if self._peak_mem.get(dev, 0) < snap["Total"]:
+                self._peak_mem[dev] = snap["Total"]
+                self._peak_mem_snap[dev] = dict(snap)
+
+    tracker._update_peak_stats = types.MethodType(update, tracker)  # type: ignore[method-assign]
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _skip_frozen_hooks(tracker: MemTracker, model: torch.nn.Module) -> None:
+    """MemTracker hooks every parameter's grad, and ``register_hook`` raises on a frozen one.
+
+    Frozen parameters get a no-op handle pair, so the tracker sees them as hooked already.
+    """
+    for p in model.parameters():
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+
+
+@contextlib.contextmanager
+def _bf16_default() -> Iterator[None]:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+@contextlib.contextmanager
+def _no_adapter_move() -> Iterator[None]:
+    orig = torch.nn.Module.to
+    torch.nn.Module.to = lambda self, *a, **k: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = orig  # type: ignore[method-assign]
+
+
+def _layer_lists(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Decoder layers and vision blocks: the children of every ``layers``/``blocks`` ModuleList."""
+    out: list[torch.nn.Module] = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "blocks"):
+            out.extend(module)
+    return out
+
+
+def _build_model(name: str, config: Any, train: str) -> tuple[torch.nn.Module, list[str]]:
+    """The bf16 model with ``train`` applied; returns it and the frozen module prefixes."""
+    cls = getattr(transformers, ARCHS[name][0])
+    vision = ARCHS[name][1]
+    # weights' values do not matter on fake tensors, and SigLIP's trunc_normal_ init reads them
+    with _bf16_default(), no_init_weights():
+        model = cls(config)
+        model.tie_weights()  # no_init_weights skips the tying that init does
+        frozen: list[str] = []
+        if train == "frozen-vision" and vision is not None:
+            tower = getattr(model.model, vision)
+            for sub_name, p in tower.named_parameters():
+                if not sub_name.startswith("merger."):  # Qwen2-VL's projector stays trainable
+                    p.requires_grad_(False)
+            frozen = [f"model.{vision}" + (" (except merger)" if hasattr(tower, "merger") else "")]
+        if train == "lora":
+            targets: str | list[str] = list(LORA_TARGETS)
+            if vision is not None:  # the LLM's projections only
+                targets = r".*language_model.*\.(" + "|".join(LORA_TARGETS) + ")"
+            lora = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets)
+            # NOTE [ peft under fake mode ]: peft moves each new adapter to its base layer's device
+            # with ``.to()``, which swaps fake tensors and fails; here everything is on cpu already
+            with _no_adapter_move():
+                model = peft.get_peft_model(model, lora, autocast_adapter_dtype=False)
+            frozen = ["base model (all but lora_A/lora_B)"]
+    model.train()
+    return model, frozen
+
+
+def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Real small inputs (token ids, grids) and the fake-to-be ones as (shape, dtype) specs."""
+    batch, images, h, w = shape["batch"], shape["images"], shape["height"], shape["width"]
+    n_img, n_txt = shape["image_tokens"], shape["text_tokens"]
+    length = n_img + n_txt
+    real: dict[str, Any] = {}
+    fake: dict[str, Any] = {}
+    ids = torch.full((batch, length), 100, dtype=torch.long)
+    if name in ("qwen2-vl-2b", "qwen2.5-vl-3b"):
+        gh, gw = _qwen_grid(h, w)
+        per = gh * gw // 4
+        row: list[int] = []
+        for _ in range(images):
+            row += [config.vision_start_token_id] + [config.image_token_id] * per + [config.vision_end_token_id]
+        ids[:, : len(row)] = torch.tensor(row)
+        grid = torch.tensor([[1, gh, gw]] * (images * batch), dtype=torch.long)
+        mm = (ids == config.image_token_id).int()
+        model_cls = getattr(transformers, ARCHS[name][0].replace("ForConditionalGeneration", "Model"))
+        shell = model_cls.__new__(model_cls)  # get_rope_index reads only the config
+        torch.nn.Module.__init__(shell)
+        shell.config = config
+        pos, _ = shell.get_rope_index(ids, mm, grid, None, None)
+        real.update(image_grid_thw=grid, position_ids=pos)
+        fake["pixel_values"] = ((images * batch * gh * gw, 3 * 2 * 14 * 14), torch.bfloat16)
+    elif images:
+        token = config.image_token_id if hasattr(config, "image_token_id") else config.image_token_index
+        ids[:, :n_img] = token
+        if name == "llava-next-qwen2-0.5b":
+            crops, _ = _next_patches(config, h, w)
+            real["image_sizes"] = torch.tensor([[h, w]] * (images * batch), dtype=torch.long)
+            fake["pixel_values"] = ((images * batch, crops, 3, 336, 336), torch.bfloat16)
+        elif name == "smolvlm-256m":
+            tiles = _smol_tiles(h, w) * images
+            fake["pixel_values"] = ((batch, tiles, 3, 512, 512), torch.bfloat16)
+            fake["pixel_attention_mask"] = ((batch, tiles, 512, 512), torch.bool)
+        else:
+            size = config.vision_config.image_size
+            fake["pixel_values"] = ((images * batch, 3, size, size), torch.bfloat16)
+        if name == "paligemma-3b":
+            tt = torch.zeros((batch, length), dtype=torch.long)
+            tt[:, length // 2 :] = 1  # prefix (image + prompt) then suffix
+            real["token_type_ids"] = tt
+    real["input_ids"] = ids
+    real["labels"] = ids.clone()
+    return real, fake
+
+
+def _phase_peaks(tracker: MemTracker, root: torch.nn.Module) -> dict[str, int]:
+    stats = tracker.memory_tracking.get(root)
+    out: dict[str, int] = {}
+    if stats is None:
+        return out
+    for state, snaps in stats.snapshots.items():
+        label = str(getattr(state, "value", state))
+        if label.startswith("Peak") and snaps:
+            out[label] = max(int(s.get(torch.device("cpu"), {}).get("Total", 0)) for s in snaps)
+    return out
+
+
+def _step(
+    model: torch.nn.Module, inputs: dict[str, Any], opt: torch.optim.Optimizer, mark: Callable[[str], None]
+) -> None:
+    mark("forward")
+    loss = model(**inputs).loss
+    mark("backward")
+    loss.backward()
+    del loss
+    mark("optimizer")
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    mark("idle")
+
+
+def shape_record(name: str, shape: tuple[int, int, int, int, int], config: Any | None = None) -> dict[str, int]:
+    """The shape fields of one point: image_tokens and text_tokens are per sample."""
+    batch, images, h, w, text = shape
+    config = config if config is not None else build_config(name)
+    per = image_tokens_per_image(name, config, h, w) if images else 0
+    return {
+        "batch": batch,
+        "images": images,
+        "height": h,
+        "width": w,
+        "image_tokens": per * images,
+        "text_tokens": text,
+    }
+
+
+def measure(
+    name: str, train: str, sharding: str, shape: tuple[int, int, int, int, int] | dict[str, int]
+) -> dict[str, Any]:
+    """One training step of ``name`` at ``shape`` under ``train``/``sharding``; the point's record."""
+    start = time.perf_counter()
+    config = build_config(name)
+    fields = shape if isinstance(shape, dict) else shape_record(name, shape, config)
+    real, fake_specs = _real_inputs(name, config, fields)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if sharding == "fsdp8":
+            out = _measure_fsdp(name, config, train, real, fake_specs)
+        else:
+            out = _measure_single(name, config, train, real, fake_specs)
+    record: dict[str, Any] = {
+        "arch": name,
+        "model_type": config.model_type,
+        "train": train,
+        "sharding": sharding,
+        "world": WORLD if sharding == "fsdp8" else 1,
+        **fields,
+        "seq_len": int(real["input_ids"].shape[1]),
+        **out,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    return record
+
+
+def _fake_inputs(real: dict[str, Any], specs: dict[str, Any]) -> dict[str, Any]:
+    inputs = dict(real)
+    for key in ("input_ids", "labels", "position_ids", "token_type_ids"):  # per-token tensors: fake
+        if key in inputs:
+            inputs[key] = torch.empty(inputs[key].shape, dtype=inputs[key].dtype)
+    for key, (size, dtype) in specs.items():
+        inputs[key] = torch.empty(size, dtype=dtype)
+    return inputs
+
+
+def _counts(model: torch.nn.Module, world: int = 1) -> dict[str, int]:
+    total = sum(p.numel() for p in model.parameters()) * world
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) * world
+    return {"params_total": int(total), "params_trainable": int(trainable)}
+
+
+def _measure_single(name: str, config: Any, train: str, real: dict[str, Any], specs: dict[str, Any]) -> dict[str, Any]:
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model, frozen = _build_model(name, config, train)
+        counts = _counts(model)
+        inputs = _fake_inputs(real, specs)
+        storage = StorageTracker()
+        for t in [*model.parameters(), *model.buffers(), *inputs.values()]:
+            if isinstance(t, FakeTensor):
+                storage.track(t)
+        tracker = MemTracker()
+        _root_only_peaks(tracker, model)
+        _skip_frozen_hooks(tracker, model)
+        tracker.track_external(model, *[t for t in inputs.values() if isinstance(t, FakeTensor)])
+        with tracker, storage, _RealOps():
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+            tracker.track_external(opt)
+            _step(model, inputs, opt, storage.set_phase)
+            del opt
+        peak = int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
+        by_type = {
+            str(k.value if hasattr(k, "value") else k): int(v)
+            for k, v in tracker._peak_mem_snap[torch.device("cpu")].items()
+        }
+    return {
+        "peak_bytes": peak,
+        "peak_breakdown": by_type,
+        "phase_peaks": _phase_peaks(tracker, model),
+        "storage_tracker_peak": storage.peak,
+        "storage_tracker_phase_peaks": {k: v for k, v in storage.peaks.items() if k != "idle"},
+        "frozen": frozen,
+        **counts,
+    }
+
+
+def _measure_fsdp(name: str, config: Any, train: str, real: dict[str, Any], specs: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
+    try:
+        mesh = init_device_mesh("cpu", (WORLD,))
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model, frozen = _build_model(name, config, train)
+            counts = _counts(model)
+            for layer in _layer_lists(model):
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            inputs = _fake_inputs(real, specs)
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+            tracker = FSDPMemTracker(model, opt)
+            _root_only_peaks(tracker, model)
+            _skip_frozen_hooks(tracker, model)
+            tracker.track_inputs(tuple(v for v in inputs.values() if isinstance(v, FakeTensor)))
+            with tracker, _RealOps():
+                _step(model, inputs, opt, lambda _phase: None)
+            peak = int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
+            snap = tracker._peak_mem_snap[torch.device("cpu")]
+            by_type = {str(k.value if hasattr(k, "value") else k): int(v) for k, v in snap.items()}
+            phases = _phase_peaks(tracker, model)
+    finally:
+        dist.destroy_process_group()
+    return {"peak_bytes": peak, "peak_breakdown": by_type, "phase_peaks": phases, "frozen": frozen, **counts}
+
+
+# -- the fixture -------------------------------------------------------------------------------
+
+
+def _key(p: dict[str, Any]) -> tuple[Any, ...]:
+    return (p["arch"], p["train"], p["sharding"], p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
+
+
+def _tag(p: dict[str, Any]) -> str:
+    shape = (p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
+    return f"{p['arch']}/{p['train']}/{p['sharding']}/{shape}"
+
+
+def _write(path: Path, points: list[dict[str, Any]], failures: dict[str, str]) -> None:
+    configs = {p["arch"]: build_config(p["arch"]).to_dict() for p in points}
+    data = {
+        "format": 1,
+        "about": "one bf16 training step per point on FakeTensorMode (cpu); see benchmarks/hf_truth.py",
+        "configs": dict(sorted(configs.items())),
+        "failures": dict(sorted(failures.items())),
+        "points": sorted(points, key=_key),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _load(path: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    if not path.exists():
+        return [], {}
+    data = json.loads(path.read_text())
+    return list(data["points"]), dict(data.get("failures", {}))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", help="arch name (repeatable)")
+    parser.add_argument("--out", type=Path, default=FIXTURE)
+    parser.add_argument("--merge", nargs="+", type=Path, help="merge these fixture files into --out")
+    parser.add_argument("--missing-reason", help="with --merge: record planned points not measured, with this reason")
+    args = parser.parse_args(argv)
+    if args.merge:
+        points, failures = [], {}
+        for path in args.merge:
+            p, f = _load(path)
+            points += p
+            failures.update(f)
+        done = {_key(p): p for p in points}
+        measured = {_tag(p) for p in done.values()}
+        failures = {k: v for k, v in failures.items() if k not in measured}
+        if args.missing_reason:  # planned points that were not measured, and why
+            for name in ARCHS:
+                for shape in SHAPES[name]:
+                    for train, sharding in setups(name):
+                        tag = f"{name}/{train}/{sharding}/{shape}"
+                        if tag not in measured:
+                            failures.setdefault(tag, args.missing_reason)
+        _write(args.out, list(done.values()), failures)
+        print(f"{len(done)} points -> {args.out}")
+        return
+    points, failures = _load(args.out)
+    done = {_key(p): p for p in points}
+    for name in args.only or list(ARCHS):
+        for shape in SHAPES[name]:  # every setup at the small shape first
+            for train, sharding in setups(name):
+                fields = shape_record(name, shape)
+                key = (
+                    name,
+                    train,
+                    sharding,
+                    fields["batch"],
+                    fields["images"],
+                    fields["height"],
+                    fields["width"],
+                    fields["text_tokens"],
+                )
+                if key in done:
+                    continue
+                tag = f"{name}/{train}/{sharding}/{shape}"
+                try:
+                    rec = measure(name, train, sharding, fields)
+                except Exception as exc:  # record why and keep the rest
+                    failures[tag] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+                    print(f"FAIL {tag}: {failures[tag]}", flush=True)
+                    _write(args.out, list(done.values()), failures)
+                    continue
+                failures.pop(tag, None)
+                done[key] = rec
+                _write(args.out, list(done.values()), failures)
+                print(f"{tag}: peak {rec['peak_bytes'] / 2**30:.2f} GiB, {rec['seconds']} s", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""The units a staged step walks through, with the bytes each keeps (plumbing of :mod:`tokenbucket.cost.staged`).
+
+A :class:`Unit` is one FSDP-sized piece of a :class:`~tokenbucket.cost.hf_model.StagedModel` at
+one batch shape: a vision block, a decoder layer, or a piece of the root module (patch
+embedding, projector, token embedding, final norm and head, the loss). Formulas are bytes per
+token of pure bf16 training with sdpa attention, as transformers 5 runs these models; each was
+checked against PyTorch's ``MemTracker`` on fake tensors (``benchmarks/hf_truth.py``), see
+NOTE [ What an HF block saves ].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenbucket.cost.hf_model import StagedModel, VisionTower
+
+__all__ = ["Unit", "build_units"]
+
+BF16 = 2
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One piece of the step.
+
+    Args:
+        stage: ``vision``, ``projector``, ``backbone``, ``head_loss`` or ``action_expert``.
+        params: parameters it holds (all of them, trainable or not).
+        trainable: parameters that get gradients and optimizer state.
+        saved: bytes its forward keeps for backward.
+        fwd_work: bytes live only while its forward runs (on top of ``saved``).
+        bwd_work: bytes live while its backward runs, before its parameter gradients exist.
+        bwd_grad_work: bytes live while its backward runs, next to its parameter gradients.
+        own_unit: an FSDP unit of its own (a block in a ``layers``/``blocks`` list); the rest
+            belongs to the root unit, gathered for the whole step.
+        backward: whether its backward runs at all (a frozen tower with no trainable input does not).
+        keeps_grad: gradient bytes it makes for a parameter owned elsewhere (a tied head's), live
+            until the owner's backward.
+        releases_grad: those bytes, folded into its own gradient when its backward ends.
+    """
+
+    stage: str
+    params: int
+    trainable: int
+    saved: int
+    fwd_work: int = 0
+    bwd_work: int = 0
+    bwd_grad_work: int = 0
+    own_unit: bool = False
+    backward: bool = True
+    keeps_grad: int = 0
+    releases_grad: int = 0
+
+
+# NOTE [ What an HF block saves ]
+# Per token, bf16, sdpa (CPU/GPU flash: Q, K, V, the output and a fp32 log-sum-exp per head):
+# - Llama/Qwen2 RMSNorm upcasts: it keeps x in fp32 (4D), rsqrt (4), the normalised bf16 (2D,
+#   only when its weight trains) and its output (2D, the projections' input): 8D + 4. Gemma's
+#   keeps the normalised fp32 instead (4D): 10D + 4.
+# - attention: q and k after rope (2Q + 2KV), v (2KV; K and V repeated to all heads when sdpa
+#   cannot take GQA: a mask, or head_dim > 256), the output (2Q), 4H of log-sum-exp.
+# - SwiGLU MLP: gate, act, up, product: 8F. CLIP/Qwen2-VL QuickGELU: fc1, sigmoid, product:
+#   6F; GELU-tanh (SigLIP): 4F. Vision LayerNorm: input and output, 4D + 4.
+# - Qwen2-VL's vision attention keeps the whole qkv output (6D, v is a view of it), q and k
+#   after the fp32 rope (4D), the per-image sdpa outputs and their concatenation (4D).
+# Checked: Qwen2-0.5B layer 57,408 B/token (exact), Gemma-2B 181,304 (+16), CLIP-L 41,032,
+# Qwen2-VL block 58,952.
+
+
+def decoder_layer_saved(model: StagedModel, *, norm_trains: bool, lora_rank: int, first: bool) -> int:
+    """Bytes per token one decoder layer keeps (NOTE [ What an HF block saves ])."""
+    spec = model.backbone
+    d, f, h = spec.hidden, spec.ffn, spec.heads
+    q = h * model.head_dim
+    kv = int(spec.kv_heads or h) * model.head_dim
+    kv_eff = kv if model.head_dim <= 256 else q
+    gemma = model.model_type.startswith("gemma") or model.model_type in ("paligemma", "pi0")
+    norm = FP32 * d + 4 + BF16 * d + (((FP32 if gemma else BF16) * d) if norm_trains else 0)
+    first_norm = BF16 * d if first and lora_rank else norm  # LoRA: nothing upstream wants layer 0's input grad
+    attn = BF16 * (2 * q + 2 * kv_eff) + FP32 * h
+    mlp = 4 * BF16 * f
+    lora = 7 * BF16 * lora_rank
+    return first_norm + norm + attn + mlp + lora + (16 if gemma else 0)
+
+
+def vision_layer_saved(tower: VisionTower) -> int:
+    """Bytes per token one vision block keeps (NOTE [ What an HF block saves ])."""
+    d, f, h = tower.hidden, tower.ffn, tower.heads
+    if tower.name.startswith("qwen2"):
+        norms = (2 * (FP32 * d + 4 + 2 * BF16 * d)) if tower.norm == "rmsnorm" else 2 * (2 * BF16 * d + 4)
+        attn = 14 * d + FP32 * h  # qkv storage 6D, roped q/k 4D, sdpa outputs and their cat 4D
+        mlp = 4 * BF16 * f if tower.gated_mlp else 3 * BF16 * f
+        return norms + attn + mlp
+    act = 3 * BF16 * f if tower.name.startswith("clip") else 2 * BF16 * f
+    return 2 * (2 * BF16 * d + 4) + 4 * BF16 * d + FP32 * h + act
+
+
+def _vision_units(model: StagedModel, images: int, patches: int, trains: bool) -> list[Unit]:
+    units: list[Unit] = []
+    tokens = images * patches
+    for tower in model.vision:
+        layers = tower.layers
+        root = tower.params - layers * tower.layer_params
+        inputs = BF16 * tokens * tower.channels * tower.temporal_patch * tower.patch**2
+        embed_saved = (2 * BF16 * tower.hidden + 4) * tokens if trains else 0
+        units.append(
+            Unit("vision", root, root if trains else 0, inputs + embed_saved, fwd_work=BF16 * tokens * tower.hidden)
+        )
+        per = vision_layer_saved(tower) * tokens if trains else 0
+        work = BF16 * tokens * (4 * tower.hidden + 2 * tower.ffn)
+        grad_work = BF16 * tokens * (4 * tower.hidden + 2 * tower.ffn)
+        for _ in range(layers):
+            units.append(Unit("vision", tower.layer_params, tower.layer_params if trains else 0, per,
+                              fwd_work=work, bwd_grad_work=grad_work, own_unit=True, backward=trains))  # fmt: skip
+    return units
+
+
+def _projector_unit(model: StagedModel, images: int, patches: int, llm_image: int, trains: bool) -> Unit:
+    proj = model.projector
+    if proj is None:
+        return Unit("projector", 0, 0, 0)
+    dv = model.vision[0].hidden if model.vision else proj.in_dim
+    n_in = images * patches
+    if proj.kind == "patch_merger":  # LayerNorm in and out, fc1 input, GELU input and output
+        saved = (8 * dv + 4) * n_in
+    elif proj.kind in ("mlp", "fused_mlp"):  # fc1 input, GELU input, fc2 input
+        saved = BF16 * dv * n_in + 2 * BF16 * sum(proj.hidden_dims or (proj.out_dim,)) * llm_image
+    else:  # one linear: its (pixel-shuffled) input
+        saved = BF16 * dv * n_in
+    return Unit("projector", proj.params, proj.params if trains else 0, saved if trains else 0,
+                fwd_work=BF16 * proj.out_dim * llm_image)  # fmt: skip
+
+
+def build_units(
+    model: StagedModel,
+    *,
+    batch: int,
+    tower_images: int,
+    patches: int,
+    llm_image_tokens: int,
+    seq_len: int,
+    train: str,
+    lora_rank: int,
+    backbone_checkpointing: bool,
+    vision_checkpointing: bool,
+    gathered: bool,
+) -> list[Unit]:
+    """Every unit of one step at ``batch`` samples, in forward order.
+
+    ``tower_images`` and ``patches`` are per batch and per tower image; ``llm_image_tokens`` and
+    ``seq_len`` are per batch and per sample.
+    """
+    full = train == "full"
+    vision_trains = full
+    units: list[Unit] = []
+    spec = model.backbone
+    d, v = spec.hidden, model.vocab
+    t = batch * seq_len
+    rank = lora_rank if train == "lora" else 0
+    vd = v * d
+    trainable_embed = vd if not rank else 0
+    tied = BF16 * vd if model.tied_embeddings and not rank else 0
+    ids = 2 * 8 * t  # input_ids and labels (int64)
+    # NOTE [ FSDP units in flight ]: a tied weight's two gradients are summed into a third
+    units.append(Unit("backbone", vd, trainable_embed, ids, fwd_work=BF16 * d * t,
+                      bwd_grad_work=tied if gathered else 0, releases_grad=tied))  # fmt: skip
+    images = batch * tower_images  # the tower runs after the embedding (so its backward runs before)
+    if model.vision and images:
+        tower = _vision_units(model, images, patches, vision_trains)
+        if vision_checkpointing and vision_trains:
+            tower = [_checkpointed(u, BF16 * images * patches * model.vision[0].hidden) for u in tower]
+        units += tower
+        units.append(_projector_unit(model, images, patches, batch * llm_image_tokens, train != "lora"))
+    layer_p = model.decoder_layer_params
+    lora_p = rank * (
+        7 * d + 2 * spec.heads * model.head_dim + 2 * int(spec.kv_heads or 1) * model.head_dim + 3 * spec.ffn
+    )
+    f = spec.ffn
+    for i in range(spec.layers):
+        saved = decoder_layer_saved(model, norm_trains=not rank, lora_rank=rank, first=i == 0) * t
+        if backbone_checkpointing:
+            saved = BF16 * d * t
+        units.append(Unit("backbone", layer_p + lora_p, layer_p if not rank else lora_p, saved,
+                          fwd_work=(FP32 + BF16) * d * t, bwd_grad_work=BF16 * t * (4 * d + 3 * f), own_unit=True))  # fmt: skip
+        if backbone_checkpointing:
+            full_saved = decoder_layer_saved(model, norm_trains=not rank, lora_rank=rank, first=i == 0) * t
+            units[-1] = _replace_work(units[-1], full_saved)
+    # the final norm and the head; the loss after it: NOTE [ The loss holds three vocab-wide tensors ]
+    head_p = 0 if model.tied_embeddings else vd
+    norm_saved = (FP32 * d + 4 + (2 * BF16 * d if not rank else 0)) * t
+    head_trains = 0 if rank else head_p + d
+    units.append(Unit("head_loss", head_p + d, head_trains, norm_saved,
+                      bwd_work=(FP32 + BF16) * v * t, bwd_grad_work=BF16 * v * t + BF16 * d * t + tied,
+                      keeps_grad=tied))  # fmt: skip
+    # NOTE [ The loss holds three vocab-wide tensors ]
+    # transformers' ForCausalLMLoss upcasts the bf16 logits (2V per token) to fp32 (4V) and
+    # cross-entropy keeps its fp32 log-softmax (4V): 10V per token at the top of forward, 4V
+    # kept; its backward holds the kept 4V, the incoming gradient and log-softmax's (4V each).
+    units.append(Unit("head_loss", 0, 0, FP32 * v * t, fwd_work=(BF16 + FP32) * v * t, bwd_work=2 * FP32 * v * t))
+    if model.action_expert is not None:
+        units.append(_action_unit(model, batch, train))
+    return units
+
+
+def _action_unit(model: StagedModel, batch: int, train: str) -> Unit:
+    ex = model.action_expert
+    if ex is None:
+        raise AssertionError("no action expert")
+    tokens = batch * ex.horizon
+    width = ex.width
+    saved = 0
+    if ex.spec is not None:
+        saved = ex.spec.layers * tokens * (20 * width + 8 * ex.spec.ffn)
+    trains = ex.params if train != "lora" else 0
+    return Unit("action_expert", ex.params, trains, saved if train != "lora" else 0, fwd_work=BF16 * tokens * width)
+
+
+def _checkpointed(unit: Unit, block_input: int) -> Unit:
+    if not unit.own_unit:
+        return unit
+    return _replace_work(Unit(unit.stage, unit.params, unit.trainable, block_input, unit.fwd_work, unit.bwd_work,
+                              unit.bwd_grad_work, unit.own_unit, unit.backward), unit.saved)  # fmt: skip
+
+
+def _replace_work(unit: Unit, recomputed: int) -> Unit:
+    """Full checkpointing: the block's own saved tensors come back during its backward."""
+    return Unit(unit.stage, unit.params, unit.trainable, unit.saved, unit.fwd_work, unit.bwd_work + recomputed,
+                unit.bwd_grad_work, unit.own_unit, unit.backward)  # fmt: skip

@@ -1,0 +1,345 @@
+"""Pricing a staged model (vision towers, projector, backbone, head, action expert) per rank.
+
+:class:`StagedCostModel` walks one training step of a
+:class:`~tokenbucket.cost.hf_model.StagedModel` the way PyTorch runs it: forward through the
+vision tower (per image, over its pre-merge patches), the projector, the embedding, the decoder
+layers and the head with the loss; backward in reverse; then the optimizer step. At every unit
+it adds what is live (weights, gradients so far, what earlier units keep for backward, what
+this unit needs while it runs) and reports the largest sum, itemised per stage. Stages are
+priced separately and meet at the true peak rather than as a sum of their maxima.
+
+Training setups (:class:`TrainSetup`):
+
+- ``full``: every parameter trains; ``frozen-vision``: the tower keeps no gradients, no
+  optimizer state and nothing for backward (its projector still trains); ``lora``: only rank-r
+  adapters on the LLM's attention and MLP projections train, the rest is frozen, but the
+  backbone still keeps what the adapters need for their gradients.
+- ``fsdp``/``zero3``: weights, gradients and optimizer state divided by the world size, plus
+  the gathered units in flight (NOTE [ FSDP units in flight ]); ``zero2``: gradients and
+  optimizer state divided; ``ddp``/``none``: nothing divided.
+
+The formulas per block are in :mod:`tokenbucket.cost._stage_units`; the truth they are checked
+against is ``tests/data/hf_truth.json`` (``benchmarks/bench_staged_cost.py``).
+
+Example:
+    >>> from tokenbucket.cost.hf_model import StagedModel
+    >>> cm = StagedCostModel(StagedModel.preset("qwen2-vl-2b"))
+    >>> est = cm.memory(1, Sample(images=1, height=448, width=448, text_tokens=256))
+    >>> est.phase, est.peak_bytes > 5 * 2 * StagedModel.preset("qwen2-vl-2b").params
+    ('optimizer', False)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket._search import grow_then_bisect
+from tokenbucket.cost._stage_units import BF16, Unit, build_units
+from tokenbucket.cost.gpus import GPU, get_gpu
+from tokenbucket.cost.hf_model import StagedModel, staged_from_config
+from tokenbucket.tokens._hf_json import HFConfig
+from tokenbucket.tokens.hf import VisionInputs, vision_inputs
+
+__all__ = ["STAGES", "STAGE_ITEMS", "Sample", "StagedCostModel", "StagedEstimate", "TrainSetup"]
+
+STAGES = ("vision", "projector", "backbone", "head_loss", "action_expert")
+STAGE_ITEMS = ("weights", "gradients", "optimizer", "activations", "transients")
+_TRAIN = ("full", "frozen-vision", "lora")
+_SHARDING = ("none", "ddp", "fsdp", "zero2", "zero3")
+_OPTIMIZER = ("adamw", "sgd", "none")
+_CKPT = ("none", "full")
+
+
+def _positive(name: str, value: object, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigError(f"{name} should be {kind}, but got {name}={value!r}")
+
+
+def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} should be one of {list(choices)}, but got {name}={value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSetup:
+    """How the model is trained and sharded.
+
+    Args:
+        train: ``full``, ``frozen-vision`` or ``lora`` (adapters on the LLM's q/k/v/o and
+            gate/up/down projections, everything else frozen).
+        lora_rank: the adapters' rank r (LoRA only).
+        sharding: ``none``, ``ddp``, ``fsdp`` (FSDP2, one unit per block), ``zero2`` or ``zero3``.
+        world_size: ranks sharing the model (1 unless sharded).
+        optimizer: ``adamw`` (two states and a foreach temporary), ``sgd`` (momentum), ``none``.
+        vision_checkpointing: ``none`` or ``full`` (each vision block recomputed in backward).
+        backbone_checkpointing: ``none`` or ``full`` (each decoder layer recomputed).
+    """
+
+    train: str = "full"
+    lora_rank: int = 16
+    sharding: str = "none"
+    world_size: int = 1
+    optimizer: str = "adamw"
+    vision_checkpointing: str = "none"
+    backbone_checkpointing: str = "none"
+
+    def __post_init__(self) -> None:
+        _choice("train", self.train, _TRAIN)
+        _positive("lora_rank", self.lora_rank)
+        _choice("sharding", self.sharding, _SHARDING)
+        _positive("world_size", self.world_size)
+        _choice("optimizer", self.optimizer, _OPTIMIZER)
+        _choice("vision_checkpointing", self.vision_checkpointing, _CKPT)
+        _choice("backbone_checkpointing", self.backbone_checkpointing, _CKPT)
+        if self.sharding == "none" and self.world_size != 1:
+            raise ConfigError(
+                f"world_size should be 1 when sharding='none', but got world_size={self.world_size} "
+                "(use sharding='ddp' for data parallel)"
+            )
+
+    @property
+    def weight_shards(self) -> int:
+        return self.world_size if self.sharding in ("fsdp", "zero3") else 1
+
+    @property
+    def state_shards(self) -> int:
+        """Shards of gradients and optimizer states."""
+        return self.world_size if self.sharding in ("fsdp", "zero2", "zero3") else 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample:
+    """One training sample's shape: ``images`` images of ``height x width`` and ``text_tokens`` tokens.
+
+    A video is ``cameras x frames`` images (:meth:`video`). ``height``/``width`` are ignored
+    (and may be 0) when ``images`` is 0.
+    """
+
+    images: int = 0
+    height: int = 0
+    width: int = 0
+    text_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("images", self.images, 0)
+        _positive("text_tokens", self.text_tokens, 0)
+        minimum = 1 if self.images else 0
+        _positive("height", self.height, minimum)
+        _positive("width", self.width, minimum)
+        if self.images == 0 and self.text_tokens == 0:
+            raise ConfigError("a sample should hold at least one image or text token, but got images=0, text_tokens=0")
+
+    @classmethod
+    def video(cls, *, cameras: int, frames: int, height: int, width: int, text_tokens: int = 0) -> Sample:
+        """``cameras`` streams of ``frames`` frames each, every frame one image."""
+        _positive("cameras", cameras)
+        _positive("frames", frames)
+        return cls(images=cameras * frames, height=height, width=width, text_tokens=text_tokens)
+
+
+@dataclass(frozen=True)
+class StagedEstimate:
+    """Predicted peak bytes of one step on one rank, itemised per stage.
+
+    ``stages[stage][item]`` are what is live at the peak (``phase``: ``forward``, ``backward``
+    or ``optimizer``); they add up to ``peak_bytes``. ``seq_len`` is the LLM sequence per sample.
+    """
+
+    peak_bytes: int
+    phase: str
+    batch: int
+    seq_len: int
+    stages: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def item(self, name: str) -> int:
+        """One item summed over the stages."""
+        return sum(s[name] for s in self.stages.values())
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class _Live:
+    """Bytes live, keyed by (stage, item)."""
+
+    def __init__(self) -> None:
+        self.bytes: Counter[tuple[str, str]] = Counter()
+
+    def add(self, stage: str, item: str, n: int) -> None:
+        self.bytes[(stage, item)] += n
+
+    def with_extra(self, extra: list[tuple[str, str, int]]) -> Counter[tuple[str, str]]:
+        out = Counter(self.bytes)
+        for stage, item, n in extra:
+            out[(stage, item)] += n
+        return out
+
+
+class StagedCostModel:
+    """Peak bytes per rank of one training step of a :class:`StagedModel` under a :class:`TrainSetup`.
+
+    Args:
+        model: the staged model (``load_hf_config`` or ``StagedModel.preset``).
+        setup: the training setup (default: full training, one rank, AdamW).
+        gpu: a GPU name or :class:`GPU` (for ``fits`` with the GPU's budget); optional.
+        config: the model's ``HFConfig`` (with its preprocessor), which maps an image to tower
+            passes, patches and LLM tokens; without it the mapping comes from ``model`` alone
+            (fixed-size towers and Qwen2-VL's default pixel range).
+    """
+
+    def __init__(
+        self, model: StagedModel, setup: TrainSetup | None = None, gpu: str | GPU | None = None,
+        config: HFConfig | None = None,
+    ) -> None:  # fmt: skip
+        if not isinstance(model, StagedModel):
+            raise ConfigError(f"model should be a StagedModel, but got {type(model).__name__}")
+        setup = TrainSetup() if setup is None else setup
+        if not isinstance(setup, TrainSetup):
+            raise ConfigError(f"setup should be a TrainSetup, but got {type(setup).__name__}")
+        if config is not None and staged_from_config(config).backbone != model.backbone:
+            raise ConfigError(f"config {config.path!r} does not describe model {model.name!r} (backbones differ)")
+        self.model = model
+        self.setup = setup
+        self.gpu = get_gpu(gpu) if gpu is not None else None
+        self.config = config if config is not None else _config_of(model)
+
+    def __repr__(self) -> str:
+        return f"StagedCostModel({self.model.name!r}, {self.setup!r})"
+
+    def vision_inputs(self, sample: Sample) -> VisionInputs:
+        """Tower passes, patches per pass and LLM tokens of one of ``sample``'s images."""
+        if not sample.images or not self.model.vision:
+            return VisionInputs(0, 0, 0)
+        if self.config is None:
+            tower = self.model.vision[0]
+            if tower.tokens_per_image is None:
+                raise AssertionError("a dynamic-resolution tower needs its config")
+            side = tower.image_size or tower.patch
+            return VisionInputs(1, tower.tokens_per_image, (side // tower.patch) ** 2)
+        return vision_inputs(self.config, sample.height, sample.width)
+
+    def units(self, batch: int, sample: Sample) -> list[Unit]:
+        """The step's units in forward order (see :mod:`tokenbucket.cost._stage_units`)."""
+        _positive("batch", batch)
+        vi = self.vision_inputs(sample)
+        s = self.setup
+        return build_units(
+            self.model, batch=batch, tower_images=vi.tower_images * sample.images, patches=vi.patches_per_image,
+            llm_image_tokens=vi.llm_tokens * sample.images, seq_len=vi.llm_tokens * sample.images + sample.text_tokens,
+            train=s.train, lora_rank=s.lora_rank, backbone_checkpointing=s.backbone_checkpointing == "full",
+            vision_checkpointing=s.vision_checkpointing == "full", gathered=s.weight_shards > 1,
+        )  # fmt: skip
+
+    def memory(self, batch: int, sample: Sample) -> StagedEstimate:
+        """The predicted peak bytes per rank of one step at ``batch`` samples shaped like ``sample``."""
+        if not isinstance(sample, Sample):
+            raise ConfigError(f"sample should be a Sample, but got {type(sample).__name__}")
+        units = self.units(batch, sample)
+        vi = self.vision_inputs(sample)
+        seq_len = vi.llm_tokens * sample.images + sample.text_tokens
+        phase, live = _walk(units, self.setup)
+        stages = {st: {it: int(live.get((st, it), 0)) for it in STAGE_ITEMS} for st in STAGES}
+        return StagedEstimate(
+            peak_bytes=sum(sum(v.values()) for v in stages.values()), phase=phase, batch=batch, seq_len=seq_len,
+            stages=stages,
+        )  # fmt: skip
+
+    def fits(self, batch: int, sample: Sample, budget_bytes: int) -> bool:
+        return self.memory(batch, sample).peak_bytes <= budget_bytes
+
+    def max_batch(self, sample: Sample, budget_bytes: int) -> int:
+        """The largest batch whose predicted peak fits ``budget_bytes`` (0 if not even one sample fits)."""
+        _positive("budget_bytes", budget_bytes, 0)
+        if not self.fits(1, sample, budget_bytes):
+            return 0
+        return grow_then_bisect(lambda b: self.fits(b, sample, budget_bytes), what="max_batch")
+
+
+def _config_of(model: StagedModel) -> HFConfig | None:
+    """A preset's config for the image mapping (only dynamic-resolution towers need one)."""
+    if model.model_type in ("qwen2_vl", "qwen2_5_vl"):
+        tower = model.vision[0]
+        vision = {"patch_size": tower.patch, "spatial_merge_size": tower.merge,
+                  "temporal_patch_size": tower.temporal_patch}  # fmt: skip
+        return HFConfig(f"<{model.name}>", {"model_type": model.model_type, "vision_config": vision})
+    return None
+
+
+# NOTE [ FSDP units in flight ]
+# FSDP2 with one unit per block and the root (embeddings, head, tower stem, projector, final
+# norm) as one more: the root is gathered for the whole forward and backward; a block is
+# gathered while it runs plus one all-gather buffer prefetching the next. In backward the
+# block's unsharded gradients, then its reduce-scatter buffer, are live until the next block
+# finishes; root gradients stay unsharded until the end of backward. A tied embedding gets a
+# second full-size gradient in backward, and the sum of the two.
+
+
+def _walk(units: list[Unit], setup: TrainSetup) -> tuple[str, Counter[tuple[str, str]]]:
+    """The largest live set over the step: (phase, bytes by (stage, item))."""
+    ws, gs = setup.weight_shards, setup.state_shards
+    gathered = ws > 1
+    live = _Live()
+    for u in units:
+        live.add(u.stage, "weights", math.ceil(BF16 * u.params / ws))
+        if gathered and not u.own_unit:
+            live.add(u.stage, "weights", BF16 * u.params)
+    best: tuple[int, str, Counter[tuple[str, str]]] = (-1, "", Counter())
+
+    def consider(phase: str, extra: list[tuple[str, str, int]]) -> None:
+        nonlocal best
+        snap = live.with_extra(extra)
+        total = sum(snap.values())
+        if total > best[0]:
+            best = (total, phase, snap)
+
+    own = [i for i, u in enumerate(units) if u.own_unit]
+    for i, u in enumerate(units):
+        extra = [(u.stage, "transients", u.fwd_work)]
+        if gathered and u.own_unit:
+            nxt = next((units[j] for j in own if j > i), None)
+            extra.append((u.stage, "weights", BF16 * u.params + (BF16 * nxt.params if nxt else 0)))
+        live.add(u.stage, "activations", u.saved)
+        consider("forward", extra)
+    done_own: Unit | None = None
+    for i in reversed(range(len(units))):
+        u = units[i]
+        if not u.backward:
+            live.add(u.stage, "activations", -u.saved)
+            continue
+        extra = []
+        if gathered:
+            prev = next((units[j] for j in reversed(own) if j < i), None)
+            extra.append(
+                (u.stage, "weights", (BF16 * u.params if u.own_unit else 0) + (BF16 * prev.params if prev else 0))
+            )
+            if done_own is not None:
+                extra.append((done_own.stage, "gradients", BF16 * done_own.trainable))
+        consider("backward", [*extra, (u.stage, "transients", u.bwd_work)])
+        grads = BF16 * u.trainable
+        consider("backward", [*extra, (u.stage, "gradients", grads), (u.stage, "transients", u.bwd_grad_work)])
+        live.add(u.stage, "activations", -u.saved)
+        live.add(u.stage, "gradients", u.keeps_grad - u.releases_grad)
+        keep_full = gathered and not u.own_unit  # root gradients wait for the end of backward
+        live.add(u.stage, "gradients", grads if keep_full else math.ceil(grads / gs))
+        if u.own_unit and u.trainable:
+            done_own = u
+    if gathered:  # the root is resharded and its gradients reduce-scattered at the end
+        for u in units:
+            if not u.own_unit:
+                g = BF16 * u.trainable
+                live.add(u.stage, "gradients", math.ceil(g / gs) - g)
+                live.add(u.stage, "weights", -BF16 * u.params)
+    if setup.optimizer != "none":
+        states = 2 if setup.optimizer == "adamw" else 1
+        extra = []
+        for u in units:
+            per = math.ceil(BF16 * u.trainable / gs)
+            extra.append((u.stage, "optimizer", states * per))
+            if setup.optimizer == "adamw":
+                extra.append((u.stage, "transients", per))  # foreach sqrt temporary
+        consider("optimizer", extra)
+    return best[1], best[2]

@@ -1,0 +1,90 @@
+"""The measured truth set (tests/data/hf_truth.json): coverage, token counts, and re-measured points.
+
+The fixture comes from ``benchmarks/hf_truth.py`` (real transformers models on fake tensors);
+fake measurement is deterministic, so a re-measured point equals its stored record exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from benchmarks import hf_truth
+
+FIXTURE = Path(__file__).parent / "data" / "hf_truth.json"
+VOLATILE = ("seconds", "versions")
+
+
+def _data() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(FIXTURE.read_text())
+    return data
+
+
+def _stored(arch: str, train: str, sharding: str, index: int) -> dict[str, Any]:
+    fields = hf_truth.shape_record(arch, hf_truth.SHAPES[arch][index])
+    for point in _data()["points"]:
+        if (point["arch"], point["train"], point["sharding"]) == (arch, train, sharding) and all(
+            point[k] == v for k, v in fields.items()
+        ):
+            return dict(point)
+    raise AssertionError(f"no stored point {arch}/{train}/{sharding}/{fields}")
+
+
+def test_hf_truth_fixture_covers_every_arch_and_setup() -> None:
+    # every arch x (train, sharding) has >= 3 shapes, or the fixture says why it has fewer
+    data = _data()
+    shapes: dict[tuple[str, str, str], set[tuple[int, ...]]] = defaultdict(set)
+    for p in data["points"]:
+        shapes[p["arch"], p["train"], p["sharding"]].add(
+            (p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
+        )
+    failed = {tag.rsplit("/", 1)[0] for tag in data["failures"]}
+    missing = []
+    for arch in hf_truth.ARCHS:
+        for train, sharding in hf_truth.setups(arch):
+            if len(shapes[arch, train, sharding]) < 3 and f"{arch}/{train}/{sharding}" not in failed:
+                missing.append(f"{arch}/{train}/{sharding}")
+    assert not missing, missing
+    assert {p["arch"] for p in data["points"]} == set(data["configs"])
+    # plain decoders never carry a frozen-vision setup
+    assert not any(p["train"] == "frozen-vision" and p["images"] == 0 for p in data["points"])
+
+
+def test_hf_truth_fixture_tokens_add_up() -> None:
+    # image tokens + text tokens = the input_ids length, counted the way each processor counts
+    for p in _data()["points"]:
+        assert p["image_tokens"] + p["text_tokens"] == p["seq_len"], p
+        shape = (p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
+        assert hf_truth.shape_record(p["arch"], shape)["image_tokens"] == p["image_tokens"]
+        assert p["peak_bytes"] > 0 and p["params_trainable"] <= p["params_total"]
+        assert (p["world"] == 8) == (p["sharding"] == "fsdp8")
+
+
+def test_hf_truth_image_tokens_match_processors() -> None:
+    # Qwen2-VL: (H/14)(W/14)/4 at multiples of 28; LLaVA-1.5: 576 at 336; PaliGemma: 256 at 224
+    assert hf_truth.shape_record("qwen2-vl-2b", (1, 1, 448, 448, 10))["image_tokens"] == 256
+    assert hf_truth.shape_record("qwen2-vl-2b", (1, 2, 224, 224, 10))["image_tokens"] == 128
+    assert hf_truth.shape_record("llava-1.5-7b", (1, 1, 336, 336, 10))["image_tokens"] == 576
+    assert hf_truth.shape_record("paligemma-3b", (1, 4, 224, 224, 10))["image_tokens"] == 1024
+    real, _ = hf_truth._real_inputs(
+        "qwen2-vl-2b", hf_truth.build_config("qwen2-vl-2b"), hf_truth.shape_record("qwen2-vl-2b", (2, 2, 448, 448, 64))
+    )
+    assert tuple(real["input_ids"].shape) == (2, 512 + 64)
+    assert int((real["input_ids"] == 151655).sum()) == 2 * 512
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("arch", "train", "sharding"),
+    [("qwen2-0.5b", "full", "none"), ("qwen2-0.5b", "lora", "none"), ("qwen2-0.5b", "full", "fsdp8")],
+)
+def test_hf_truth_remeasure_equals_fixture(arch: str, train: str, sharding: str) -> None:
+    stored = _stored(arch, train, sharding, 0)
+    fresh = hf_truth.measure(arch, train, sharding, hf_truth.SHAPES[arch][0])
+    for key in VOLATILE:
+        stored.pop(key)
+        fresh.pop(key)
+    assert json.loads(json.dumps(fresh)) == stored

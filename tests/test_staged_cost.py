@@ -1,0 +1,218 @@
+"""StagedCostModel against measured training peaks of real HF models, and its setup rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.cost.hf_model import StagedModel, staged_from_config
+from tokenbucket.cost.staged import STAGE_ITEMS, STAGES, Sample, StagedCostModel, TrainSetup
+from tokenbucket.tokens._hf_json import HFConfig
+from tokenbucket.tokens.hf import VisionInputs, vision_inputs
+
+FIXTURE = Path(__file__).resolve().parent / "data" / "hf_truth.json"
+BAND = (-5.0, 7.0)  # percent of measured: never under by more than 5 %, over by at most 7 %
+# the generator tiles SmolVLM images without upscaling them (benchmarks/hf_truth.py _smol_tiles)
+PREPROCESSORS: dict[str, dict[str, Any]] = {
+    "smolvlm-256m": {"do_resize": False, "max_image_size": {"longest_edge": 512}},
+}
+# (arch, train, sharding, batch, seq_len) -> (measured error %, why); none so far
+KNOWN_MISSES: dict[tuple[str, str, str, int, int], tuple[float, str]] = {}
+
+
+def _truth() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    if not FIXTURE.exists():
+        return {}, []
+    data = json.loads(FIXTURE.read_text())
+    return data["configs"], data["points"]
+
+
+CONFIGS, POINTS = _truth()
+
+
+def _key(p: dict[str, Any]) -> tuple[str, str, str, int, int]:
+    return (p["arch"], p["train"], p["sharding"], p["batch"], p["seq_len"])
+
+
+def _predict(p: dict[str, Any]) -> int:
+    cfg = HFConfig(f"<{p['arch']}>", CONFIGS[p["arch"]], PREPROCESSORS.get(p["arch"], {}))
+    sharded = p["sharding"] != "none"
+    setup = TrainSetup(train=p["train"], sharding="fsdp" if sharded else "none", world_size=p["world"])
+    sample = Sample(images=p["images"], height=p["height"], width=p["width"], text_tokens=p["text_tokens"])
+    est = StagedCostModel(staged_from_config(cfg, p["arch"]), setup, config=cfg).memory(p["batch"], sample)
+    assert est.seq_len == p["seq_len"]  # the image -> LLM token mapping agrees with the processor's
+    return est.peak_bytes
+
+
+@pytest.mark.skipif(not FIXTURE.exists(), reason=f"no truth fixture at {FIXTURE} (benchmarks/hf_truth.py makes it)")
+@pytest.mark.parametrize("point", POINTS, ids=["/".join(map(str, _key(p))) for p in POINTS])
+def test_staged_cost_truth_point_within_band(point: dict[str, Any]) -> None:
+    err = 100.0 * (_predict(point) - point["peak_bytes"]) / point["peak_bytes"]
+    miss = KNOWN_MISSES.get(_key(point))
+    if miss is not None:
+        assert err == pytest.approx(miss[0], abs=0.5), f"known miss moved: {err:+.1f} % ({miss[1]})"
+        return
+    assert BAND[0] <= err <= BAND[1], f"{_key(point)}: predicted {err:+.2f} % off the measured peak"
+
+
+def test_staged_cost_truth_covers_every_setup() -> None:
+    if not POINTS:
+        pytest.skip(f"no truth fixture at {FIXTURE}")
+    setups = {(p["train"], p["sharding"]) for p in POINTS}
+    assert {("full", "none"), ("lora", "none"), ("full", "fsdp8")} <= setups
+
+
+# -- setup and sample validation -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"train": "half"}, "train should be one of ['full', 'frozen-vision', 'lora'], but got train='half'"),
+        ({"lora_rank": 0}, "lora_rank should be a positive integer, but got lora_rank=0"),
+        ({"sharding": "zero1"}, "sharding should be one of"),
+        ({"world_size": 0, "sharding": "fsdp"}, "world_size should be a positive integer, but got world_size=0"),
+        ({"world_size": 8}, "world_size should be 1 when sharding='none', but got world_size=8"),
+        ({"optimizer": "adam"}, "optimizer should be one of ['adamw', 'sgd', 'none'], but got optimizer='adam'"),
+        ({"vision_checkpointing": "some"}, "vision_checkpointing should be one of ['none', 'full']"),
+        ({"backbone_checkpointing": True}, "backbone_checkpointing should be one of ['none', 'full']"),
+    ],
+)
+def test_train_setup_bad_field_raises_naming_it(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=None) as info:
+        TrainSetup(**kwargs)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"images": -1, "text_tokens": 3}, "images should be an integer >= 0, but got images=-1"),
+        ({"images": 1, "height": 0, "width": 4}, "height should be a positive integer, but got height=0"),
+        ({"images": 0, "text_tokens": 0}, "at least one image or text token"),
+        ({"text_tokens": 2.5}, "text_tokens should be an integer >= 0, but got text_tokens=2.5"),
+    ],
+)
+def test_sample_bad_field_raises_naming_it(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Sample(**kwargs)
+    assert message in str(info.value)
+
+
+def test_sample_video_is_cameras_times_frames() -> None:
+    assert Sample.video(cameras=3, frames=4, height=224, width=224, text_tokens=8).images == 12
+    with pytest.raises(ConfigError, match="frames should be a positive integer, but got frames=0"):
+        Sample.video(cameras=1, frames=0, height=224, width=224)
+
+
+def test_staged_cost_model_bad_arguments_raise() -> None:
+    model = StagedModel.preset("qwen2-vl-2b")
+    with pytest.raises(ConfigError, match="model should be a StagedModel, but got str"):
+        StagedCostModel("qwen2-vl-2b")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="batch should be a positive integer, but got batch=0"):
+        StagedCostModel(model).memory(0, Sample(text_tokens=4))
+    with pytest.raises(ConfigError, match="does not describe model"):
+        StagedCostModel(model, config=HFConfig("<llava>", {"model_type": "llava"}))
+
+
+# -- the numbers move the right way --------------------------------------------------------
+
+VLA = Sample(images=2, height=448, width=448, text_tokens=512)
+
+
+def _peak(setup: TrainSetup, batch: int = 2, sample: Sample = VLA, name: str = "qwen2-vl-2b") -> int:
+    return StagedCostModel(StagedModel.preset(name), setup).memory(batch, sample).peak_bytes
+
+
+def test_staged_cost_items_add_up_to_the_peak() -> None:
+    est = StagedCostModel(StagedModel.preset("llava-1.5-7b")).memory(
+        2, Sample(images=1, height=336, width=336, text_tokens=64)
+    )
+    assert set(est.stages) == set(STAGES)
+    assert all(set(v) == set(STAGE_ITEMS) for v in est.stages.values())
+    assert sum(sum(v.values()) for v in est.stages.values()) == est.peak_bytes
+    assert est.seq_len == 576 + 64 and est.phase == "optimizer"
+
+
+def test_staged_cost_frozen_vision_and_lora_cost_less_than_full() -> None:
+    full = _peak(TrainSetup())
+    frozen = _peak(TrainSetup(train="frozen-vision"))
+    lora = _peak(TrainSetup(train="lora"))
+    assert full > frozen > lora
+    cm = StagedCostModel(StagedModel.preset("qwen2-vl-2b"), TrainSetup(train="frozen-vision"))
+    est = cm.memory(2, VLA)
+    assert est.stages["vision"]["gradients"] == est.stages["vision"]["optimizer"] == 0
+    assert est.stages["vision"]["activations"] == 0  # a frozen tower keeps nothing for backward
+
+
+def test_staged_cost_lora_keeps_activations_but_not_optimizer_state() -> None:
+    setup = TrainSetup(train="lora", optimizer="none")
+    big = Sample(text_tokens=8192)
+    est = StagedCostModel(StagedModel.preset("qwen2-vl-2b"), setup).memory(1, big)
+    assert est.item("optimizer") == 0 and est.phase == "backward"
+    assert est.stages["backbone"]["activations"] > 2**30  # the adapters still need the layers' inputs
+    full = StagedCostModel(StagedModel.preset("qwen2-vl-2b"), TrainSetup(optimizer="none")).memory(1, big)
+    assert full.stages["backbone"]["activations"] > est.stages["backbone"]["activations"]
+
+
+def test_staged_cost_sharding_divides_static_bytes() -> None:
+    none = _peak(TrainSetup())
+    fsdp = _peak(TrainSetup(sharding="fsdp", world_size=8))
+    zero2 = _peak(TrainSetup(sharding="zero2", world_size=8))
+    ddp = _peak(TrainSetup(sharding="ddp", world_size=8))
+    assert fsdp < zero2 < ddp == none
+    assert _peak(TrainSetup(sharding="fsdp", world_size=16)) < fsdp
+
+
+def test_staged_cost_more_images_and_checkpointing_move_activations() -> None:
+    setup = TrainSetup(optimizer="none")
+    one = _peak(setup, sample=Sample(images=1, height=448, width=448, text_tokens=512))
+    four = _peak(setup, sample=Sample(images=4, height=448, width=448, text_tokens=512))
+    assert four > one
+    ckpt = TrainSetup(optimizer="none", vision_checkpointing="full", backbone_checkpointing="full")
+    assert _peak(ckpt, sample=Sample(images=4, height=448, width=448, text_tokens=512)) < four
+
+
+def test_staged_cost_max_batch_consistent_with_memory() -> None:
+    cm = StagedCostModel(StagedModel.preset("qwen2-vl-2b"), TrainSetup(train="lora"))
+    budget = 40 * 2**30
+    b = cm.max_batch(VLA, budget)
+    assert b >= 1
+    assert cm.memory(b, VLA).peak_bytes <= budget < cm.memory(b + 1, VLA).peak_bytes
+    assert cm.max_batch(VLA, 2**20) == 0
+    with pytest.raises(ConfigError, match="budget_bytes should be an integer >= 0"):
+        cm.max_batch(VLA, -1)
+
+
+# -- the image mapping ---------------------------------------------------------------------
+
+
+def test_vision_inputs_follow_the_processor() -> None:
+    qwen = HFConfig("<qwen>", {"model_type": "qwen2_vl"})
+    assert vision_inputs(qwen, 448, 448) == VisionInputs(1, 1024, 256)
+    llava = HFConfig("<llava>", {"model_type": "llava"})
+    assert vision_inputs(llava, 480, 640) == VisionInputs(1, 577, 576)
+    nxt = HFConfig("<next>", {"model_type": "llava_next"})
+    assert vision_inputs(nxt, 672, 672).tower_images == 5  # 2x2 crops and the base image
+    smol = HFConfig("<smol>", {"model_type": "smolvlm", "scale_factor": 4, "vision_config": {"image_size": 512, "patch_size": 16}},
+                    PREPROCESSORS["smolvlm-256m"])  # fmt: skip
+    assert vision_inputs(smol, 1024, 1024) == VisionInputs(5, 1024, 5 * 64)
+    assert vision_inputs(HFConfig("<q>", {"model_type": "qwen2"}), 448, 448) == VisionInputs(0, 0, 0)
+
+
+def test_staged_cost_presets_price_without_a_config() -> None:
+    for name in ("llava-1.5-7b", "openvla", "paligemma-3b", "pi0", "qwen2-vl-2b", "qwen2-vl-vla"):
+        model = StagedModel.preset(name)
+        est = StagedCostModel(model, TrainSetup(train="lora")).memory(
+            1, Sample(images=1, height=224, width=224, text_tokens=32)
+        )
+        assert est.peak_bytes > 2 * model.params  # at least the bf16 weights
+        if model.action_expert is not None:
+            assert est.stages["action_expert"]["weights"] > 0
+    openvla = StagedCostModel(StagedModel.preset("openvla")).vision_inputs(Sample(images=1, height=224, width=224))
+    assert openvla == VisionInputs(1, 261, 256)  # DINOv2's class and register tokens stay in the tower
