@@ -24,22 +24,30 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.plan.bucket_plan import BucketPlan
+from tokenbucket.tokens.spec import TokenSpec
 
 __all__ = [
     "MANIFEST_FORMAT",
     "META_KEY",
     "ContentHash",
     "PartSink",
+    "finish_part",
+    "footer_info",
     "is_manifest_file",
+    "json_ready",
+    "open_part_writer",
     "prepare_out",
     "replace_out",
     "temp_path",
@@ -121,6 +129,31 @@ def _hash_column(
             values.update(text)
 
 
+def json_ready(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` as a footer holds it (tuples become lists, keys strings)."""
+    out: dict[str, Any] = json.loads(json.dumps(data, default=str))
+    return out
+
+
+def footer_info(plan: BucketPlan, spec: TokenSpec, plan_or_cost: object, meta: dict[str, Any] | None) -> dict[str, Any]:
+    """What every file's footer records (its rows, part and hash aside)."""
+    # record what the plan was made for (the caller's words win)
+    model = getattr(plan_or_cost, "model", None)
+    gpu = getattr(plan_or_cost, "gpu", None)
+    made_for = {
+        "model": model.to_dict() if model is not None and hasattr(model, "to_dict") else None,
+        "gpu": getattr(gpu, "name", None),
+    }
+    info = {
+        "format": MANIFEST_FORMAT,
+        "plan": plan.to_dict(),
+        "token_spec": spec.to_dict(),
+        "meta": {**made_for, **(meta or {})},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    return json_ready(info)
+
+
 # -- writing ---------------------------------------------------------------------------------
 
 
@@ -176,8 +209,7 @@ class PartSink:
             self.parts.append((self.writer, self.hasher, self.part_rows_written, self._path()))
         if self.schema is None:
             raise AssertionError("a part file is opened before the first rows came")
-        # keys are unique: a dictionary would only cost time
-        self.writer = pq.ParquetWriter(self._path(), self.schema, use_dictionary=["bucket", "reason"])
+        self.writer = open_part_writer(self._path(), self.schema)
         self.hasher = ContentHash()
         self.part_rows_written = 0
 
@@ -189,11 +221,7 @@ class PartSink:
             self.writer = None
         # NOTE [ Overlapped writes ]: the writer thread's parts are closed here
         for i, (writer, hasher, rows, path) in enumerate(self.parts):
-            stamp = {**info, "rows": rows, "part": i, "parts": len(self.parts)}
-            stamp["content_hash"] = hasher.hexdigest(stamp)
-            writer.add_key_value_metadata({META_KEY.decode(): json.dumps(stamp)})
-            writer.close()
-            _fsync(path)  # the rename that publishes it must not outrun its bytes
+            finish_part(writer, hasher, path, {**info, "rows": rows, "part": i, "parts": len(self.parts)})
         self.parts = []
 
     def abort(self) -> None:
@@ -204,6 +232,21 @@ class PartSink:
         if self.writer is not None:
             self.writer.close()
         self.parts, self.writer = [], None
+
+
+def open_part_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
+    """A manifest file's writer (shared by :class:`PartSink` and the Ray engine's part writers)."""
+    # keys are unique: a dictionary would only cost time
+    return pq.ParquetWriter(path, schema, use_dictionary=["bucket", "reason"])
+
+
+def finish_part(writer: pq.ParquetWriter, hasher: ContentHash, path: Path, stamp: dict[str, object]) -> None:
+    """Close one manifest file with its footer: ``stamp`` (the manifest's info with this file's
+    ``rows``, ``part`` and ``parts``) plus its content hash; then make its bytes durable."""
+    stamp = {**stamp, "content_hash": hasher.hexdigest(stamp)}
+    writer.add_key_value_metadata({META_KEY.decode(): json.dumps(stamp)})
+    writer.close()
+    _fsync(path)  # the rename that publishes it must not outrun its bytes
 
 
 def _fsync(path: Path) -> None:

@@ -31,9 +31,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,6 +49,8 @@ from tokenbucket.plan._manifest_io import (
     META_KEY,
     ContentHash,
     PartSink,
+    footer_info,
+    json_ready,
     prepare_out,
     replace_out,
     temp_path,
@@ -129,10 +130,10 @@ class Manifest:
         """
         found: list[str] = []
         if spec is not None:
-            found += _differences("token_spec", self.meta.get("token_spec"), _json_ready(spec.to_dict()))
+            found += _differences("token_spec", self.meta.get("token_spec"), json_ready(spec.to_dict()))
         recorded = (self.meta.get("meta") or {}).get("model")
         if model is not None and recorded is not None:
-            given = _json_ready(model.to_dict())
+            given = json_ready(model.to_dict())
             if isinstance(recorded, str):  # a caller recorded the model by name
                 if given.get("name") is not None and given["name"] != recorded:
                     found.append(f"model: {recorded!r} in the manifest, {given['name']!r} given")
@@ -145,12 +146,6 @@ class Manifest:
         if not allow_mismatch:
             raise ConfigError(f"{text}; plan again with these, or pass allow_mismatch=True to use it anyway")
         warnings.warn(text, ManifestMismatchWarning, stacklevel=3)
-
-
-def _json_ready(data: Mapping[str, Any]) -> dict[str, Any]:
-    """``data`` as a footer holds it (tuples become lists, keys strings)."""
-    out: dict[str, Any] = json.loads(json.dumps(data, default=str))
-    return out
 
 
 def _differences(where: str, recorded: object, given: object) -> list[str]:
@@ -250,19 +245,17 @@ def _count(
     as the write refuses it (NOTE [ Duplicate keys across batches ]); otherwise keys are not
     read: any such row makes the write raise.
     """
-    hist = LengthHistogram(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    hist = empty_histogram()
     raw: list[np.ndarray] = []
-    key = spec.columns.key if check_keys else None
-    counting = spec if key is not None else replace(spec, columns=replace(spec.columns, key=None))
-    needed = [spec.columns.cameras, spec.columns.frames, spec.columns.height, spec.columns.width]
-    needed += [r.column for r in spec.rules().values() if r.column is not None]
+    counting, columns = counting_spec(spec, check_keys)
+    key = counting.columns.key
     seen = _SeenKeys()
     bar = progress_bar(total_rows, desc=desc, unit="rows", enabled=progress)
     try:
         for table in iter_metadata_batches(
             paths,
             batch_rows=batch_rows,
-            columns=needed + ([key] if key else []),
+            columns=columns,
             key=spec.columns.key,
             absent=spec.absent_as_zero(),
         ):
@@ -272,14 +265,62 @@ def _count(
                 dup = seen.add(result.table.column("key"), refuse=True)
                 if dup is not None:
                     totals = totals[~dup]
-            # a packed plan keeps samples of 0 tokens (NOTE [ Samples without tokens ]): no bin for them
-            hist = hist.merge(LengthHistogram.from_lengths(totals[totals > 0]))
+            hist = hist.merge(histogram_of(totals))
             if keep_lengths:
                 raw.append(totals)
             bar.update(table.num_rows)
     finally:
         bar.close()  # a bar cut short by an error clears its line before the message
     return hist, (np.concatenate(raw) if raw else np.zeros(0, np.int64))
+
+
+def empty_histogram() -> LengthHistogram:
+    return LengthHistogram(np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def histogram_of(totals: np.ndarray) -> LengthHistogram:
+    """The histogram bins of a batch's counted totals."""
+    # a packed plan keeps samples of 0 tokens (NOTE [ Samples without tokens ]): no bin for them
+    return LengthHistogram.from_lengths(totals[totals > 0])
+
+
+def counting_spec(spec: TokenSpec, check_keys: bool) -> tuple[TokenSpec, list[str]]:
+    """The spec pass 1 counts with (keys read only with ``check_keys``) and the columns it reads."""
+    key = spec.columns.key if check_keys else None
+    counting = spec if key is not None else replace(spec, columns=replace(spec.columns, key=None))
+    needed = [spec.columns.cameras, spec.columns.frames, spec.columns.height, spec.columns.width]
+    needed += [r.column for r in spec.rules().values() if r.column is not None]
+    return counting, needed + ([key] if key else [])
+
+
+def make_plan(
+    lengths: LengthHistogram | np.ndarray,
+    cost: object,
+    budget_bytes: int,
+    *,
+    max_buckets: int,
+    mode: str,
+    on_oversize: str,
+    meta: dict[str, Any] | None,
+    progress: bool | None,
+) -> BucketPlan:
+    """Phase 2/3: the plan from pass 1's histogram (or lengths), shown as one step."""
+    # one vectorised call: its bar is one step, not a fake count (NOTE [ Progress on stderr ])
+    step = progress_bar(1, desc="2/3 planning", unit="step", enabled=progress)
+    try:
+        plan = plan_buckets(
+            lengths,
+            cost,  # type: ignore[arg-type]
+            budget_bytes,
+            max_buckets=max_buckets,
+            mode=mode,  # type: ignore[arg-type]
+            on_oversize=on_oversize,  # type: ignore[arg-type]
+            meta=meta,
+        )
+        step.update(1)
+    finally:
+        step.close()
+    return plan
 
 
 def build_manifest(
@@ -350,24 +391,18 @@ def build_manifest(
             min_total=0 if mode == "packed" else 1,  # NOTE [ Samples without tokens ]
             desc="1/3 counting",
         )
-        lengths: Any = raw if mode in ("dynamic", "packed") else hist  # both simulate the samples themselves
-        # one vectorised call: its bar is one step, not a fake count (NOTE [ Progress on stderr ])
-        step = progress_bar(1, desc="2/3 planning", unit="step", enabled=progress)
-        try:
-            plan = plan_buckets(
-                lengths,
-                plan_or_cost,
-                budget_bytes,
-                max_buckets=max_buckets,
-                mode=mode,  # type: ignore[arg-type]
-                on_oversize=on_oversize,  # type: ignore[arg-type]
-                meta=meta,
-            )
-            step.update(1)
-        finally:
-            step.close()
-    bounds = plan.bounds
-    if not len(bounds):
+        lengths = raw if mode in ("dynamic", "packed") else hist  # both simulate the samples themselves
+        plan = make_plan(
+            lengths,
+            plan_or_cost,
+            budget_bytes,
+            max_buckets=max_buckets,
+            mode=mode,
+            on_oversize=on_oversize,
+            meta=meta,
+            progress=progress,
+        )
+    if not len(plan.bounds):
         raise ConfigError("the plan has no buckets: every sample was oversize")
 
     # Pass 2: breakdown, assign, write.
@@ -383,15 +418,13 @@ def build_manifest(
         for table in iter_metadata_batches(
             paths, batch_rows=batch_rows, key=spec.columns.key, absent=spec.absent_as_zero()
         ):
-            part = _manifest_part(table, spec, plan, offset, on_invalid, on_oversize)
+            part = manifest_part(table, spec, plan, offset, on_invalid, on_oversize)
             # with on_invalid="reject", rows refused as invalid take no part in the key check
-            kept = _not_invalid(part) if on_invalid == "reject" else None
+            kept = not_invalid(part) if on_invalid == "reject" else None
             keys = part.column("key") if kept is None else part.column("key").filter(pa.array(kept))
             dup = seen.add(keys, refuse=kept is not None)
             if dup is not None and kept is not None:
-                refused = np.zeros(part.num_rows, dtype=bool)
-                refused[np.flatnonzero(kept)[dup]] = True
-                part = _refuse_duplicates(part, refused)
+                part = refuse_kept(part, kept, dup)
             sink.write(part)
             offset += table.num_rows
             bar.update(table.num_rows)
@@ -401,21 +434,7 @@ def build_manifest(
         if on_invalid != "reject":  # (rejected as they came, above)
             seen.check_unique()
         del seen
-        # record what the plan was made for (the caller's words win)
-        model = getattr(plan_or_cost, "model", None)
-        gpu = getattr(plan_or_cost, "gpu", None)
-        made_for = {
-            "model": model.to_dict() if model is not None and hasattr(model, "to_dict") else None,
-            "gpu": getattr(gpu, "name", None),
-        }
-        info = {
-            "format": MANIFEST_FORMAT,
-            "plan": plan.to_dict(),
-            "token_spec": spec.to_dict(),
-            "meta": {**made_for, **(meta or {})},
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        sink.close(_json_ready(info))
+        sink.close(footer_info(plan, spec, plan_or_cost, meta))
         replace_out(target, out)
     finally:
         bar.close()  # (closing twice is harmless)
@@ -427,7 +446,7 @@ def build_manifest(
     return load_manifest(out, verify=False)  # just hashed what was written
 
 
-def _manifest_part(
+def manifest_part(
     table: pa.Table, spec: TokenSpec, plan: BucketPlan, offset: int, on_invalid: str, on_oversize: str
 ) -> pa.Table:
     """One input batch as manifest rows: breakdown, global index, bucket, reason."""
@@ -481,10 +500,18 @@ def _with_rejected(part: pa.Table, rejected: pa.Table, offset: int) -> pa.Table:
     return merged.sort_by("index")
 
 
-def _not_invalid(part: pa.Table) -> np.ndarray:
+def not_invalid(part: pa.Table) -> np.ndarray:
     """Rows not refused as invalid (kept, or oversize: their metadata is sound)."""
     reason = part.column("reason").fill_null("")
     return ~np.asarray(pc.starts_with(reason, "invalid"))
+
+
+def refuse_kept(part: pa.Table, kept: np.ndarray, dup: np.ndarray) -> pa.Table:
+    """Refuse the kept rows (``kept``, a mask over the part) that ``dup`` (a mask over the kept
+    rows) marks as repeating an earlier batch's key."""
+    refused = np.zeros(part.num_rows, dtype=bool)
+    refused[np.flatnonzero(kept)[dup]] = True
+    return _refuse_duplicates(part, refused)
 
 
 def _refuse_duplicates(part: pa.Table, dup: np.ndarray) -> pa.Table:
@@ -520,7 +547,12 @@ def _check_unique_keys(keys: pa.Array) -> None:
     dup = duplicate_rows(keys)
     if len(dup):
         row = int(dup[0])
-        raise ConfigError(f"row {row}: key {keys[row].as_py()!r} is used by an earlier row; keys must be unique")
+        raise ConfigError(duplicate_key_message(row, keys[row].as_py()))
+
+
+def duplicate_key_message(row: int, key: object) -> str:
+    """What the error says of a key repeated at input ``row`` (``on_invalid="raise"``)."""
+    return f"row {row}: key {key!r} is used by an earlier row; keys must be unique"
 
 
 def load_manifest(
