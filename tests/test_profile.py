@@ -3,6 +3,8 @@ cost model, and the measured max-batch search."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,12 @@ from tokenbucket.cost.model import ModelSpec
 from tokenbucket.cost.profile import (
     MeasuredCostModel,
     Profile,
+    ProfiledCostModel,
     max_batch_measured,
     model_hash,
     profile_memory,
     profile_points,
+    read_profile,
 )
 from tokenbucket.cost.reference import ReferenceTransformer
 
@@ -116,3 +120,66 @@ def test_profile_cuda_matches_fake_within_five_percent() -> None:
 
 def ref_batch_for(spec: ModelSpec):  # type: ignore[no-untyped-def]
     return lambda b, n: torch.empty(b, n, spec.hidden, dtype=torch.bfloat16)
+
+
+# -- saved profiles: refusals and the planner's adapter (hand-made points, no profiling) ----------
+
+
+def synthetic_profile(points: tuple[tuple[int, int, int], ...] | None = None, target: str = "fake-cpu") -> Profile:
+    """Peaks exactly ``1 MiB + B·(1000·L + 2·L²)`` at batches 1, 2 and lengths 256, 512."""
+    if points is None:
+        points = tuple((b, n, 2**20 + b * (1000 * n + 2 * n * n)) for b in (1, 2) for n in (256, 512))
+    return Profile(points, target, "bf16", torch.__version__, "0" * 16, "fake-cpu")
+
+
+@pytest.mark.parametrize("key", ["points", "target", "dtype", "torch_version", "model", "device"])
+def test_profile_from_dict_missing_key_is_a_config_error_naming_it(key: str) -> None:
+    data = synthetic_profile().to_dict()
+    del data[key]
+    with pytest.raises(ConfigError, match=rf"profile 'p\.json' has no '{key}' key"):
+        Profile.from_dict(data, source="profile 'p.json'")
+
+
+def test_profile_read_profile_hashes_the_bytes_it_parsed_and_names_a_bad_file(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    synthetic_profile().save(path)
+    prof, digest = read_profile(path)
+    assert prof == synthetic_profile() and digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    path.write_text(json.dumps({**synthetic_profile().to_dict(), "points": [[1, 256, "big"]]}))
+    with pytest.raises(ConfigError, match=r"points\[0\] should be \[batch, length, peak bytes\]"):
+        read_profile(path)
+    path.write_text("[]")
+    with pytest.raises(ConfigError, match=f"profile {str(path)!r} should be a JSON object, but holds a list"):
+        Profile.load(path)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        read_profile(tmp_path / "missing.json")
+
+
+def test_profile_measured_cost_model_refuses_one_length_and_matches_gpu_names_loosely() -> None:
+    one_length = synthetic_profile(((1, 256, 3 << 20), (2, 256, 5 << 20), (4, 256, 9 << 20)))
+    with pytest.raises(ConfigError, match="needs points at 2 or more lengths, but this profile measured only 256"):
+        MeasuredCostModel(one_length)
+    # a target saved as typed by hand still matches the registry's name
+    MeasuredCostModel(synthetic_profile(target="h100-sxm"), target="H100-SXM")
+    with pytest.raises(ConfigError, match=r"profile 'p\.json' was made for 'H100-SXM', not for 'A100-80GB'"):
+        MeasuredCostModel(synthetic_profile(target="H100-SXM"), target="A100-80GB", source="profile 'p.json'")
+
+
+def test_profile_profiled_cost_model_memory_from_the_fit_time_from_the_formulas() -> None:
+    measured = MeasuredCostModel(synthetic_profile())
+    analytic = CostModel(SPEC, "H100-SXM")
+    cost = ProfiledCostModel(measured, analytic, source="profile 'p.json'")
+    assert measured.fit_error < 1e-6 and cost.gpu is analytic.gpu and cost.model == SPEC
+    assert cost.memory(3, 384).total == measured.memory(3, 384).total
+    assert cost.max_batch(512, 64 << 20) == measured.max_batch(512, 64 << 20) == (63 << 20) // (1000 * 512 + 2 * 512**2)
+    assert cost.flops(3, 384) == analytic.flops(3, 384)
+    assert cost.step_seconds(3, 384) == analytic.step_seconds(3, 384)
+    assert cost.memory(1, 64).total > 0  # shorter than measured: answered (the static part anchors it)
+    # NOTE [ A profile is not extrapolated ]
+    for ask in (lambda: cost.memory(1, 513), lambda: cost.max_batch(513, 64 << 20)):
+        with pytest.raises(
+            ConfigError, match=r"measured lengths 256\.\.512 tokens, but the plan needs 513; .* 576 or more"
+        ):
+            ask()
+    record = cost.record("ab" * 32)
+    assert record["sha256"] == "ab" * 32 and record["lengths"] == [256, 512] and record["points"] == 4

@@ -1,7 +1,8 @@
 """``tokenbucket plan``: plan memory-safe buckets and write the manifest.
 
 tokenbucket plan METADATA... [--config F] [--gpu NAME | --budget-gib X] [--max-buckets K]
-                 [--mode static|dynamic] [--on-oversize error|reject] --out manifest.parquet [--force] [--json]
+                 [--mode static|dynamic] [--on-oversize error|reject] [--profile PROFILE.json]
+                 --out manifest.parquet [--force] [--json]
 tokenbucket plan --lerobot [NAME=]DATASET[:WEIGHT] [--lerobot ...] [--delta-timestamps JSON|@FILE.json]
                  [--cameras A,B] [--seed N] [plan flags as above]
 """
@@ -33,7 +34,10 @@ from tokenbucket.cli._common import (
     progress_from_args,
     spec_from_args,
 )
+from tokenbucket.cost.gpus import GPU
 from tokenbucket.cost.memory import CostModel
+from tokenbucket.cost.model import ModelSpec
+from tokenbucket.cost.profile import MeasuredCostModel, ProfiledCostModel, read_profile
 from tokenbucket.plan.manifest import build_manifest
 from tokenbucket.tokens.lerobot import lerobot_rows
 from tokenbucket.tokens.lerobot_mix import LeRobotSource, lerobot_mixture
@@ -110,6 +114,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="raise",
         help="a bad metadata row: stop at it (raise, the default) or reject it with its reason",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="PROFILE.json",
+        help="plan from a measured profile (`tokenbucket profile ... --save`): memory and batch sizes come from "
+        "its fit, step times (to rank plans) from the analytic model the model flags describe, whose "
+        "--precision must be the profile's. Refused: a profile for another --gpu, one of under 3 points, a "
+        "bucket bound past its longest measured length (measure up to the longest sample rounded up to 64), "
+        "--mode packed. A dynamic plan's sampler takes MeasuredCostModel(Profile.load(FILE)) as cost_model",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     _add_spec_flags(parser)
     _add_model_flags(parser, mode_flag="--model-mode")
@@ -174,6 +188,23 @@ def _lerobot_metadata(args: argparse.Namespace, path: Path) -> dict[str, Any]:
     }
 
 
+def _profiled(
+    path: Path, analytic: CostModel, gpu: GPU | None, model: ModelSpec
+) -> tuple[ProfiledCostModel, dict[str, Any]]:
+    """``--profile``'s cost model (NOTE [ A profile is not extrapolated ]) and what the manifest
+    records of it (with the SHA-256 of the very bytes parsed); every refusal names the file."""
+    source = f"--profile {str(path)!r}"
+    profile, sha256 = read_profile(path, source=source)
+    if profile.dtype != model.precision:
+        raise ConfigError(
+            f"{source} was measured in {profile.dtype}, but the plan's model is {model.precision}; "
+            f"pass --precision {profile.dtype} (or profile again in {model.precision})"
+        )
+    measured = MeasuredCostModel(profile, target=None if gpu is None else gpu.name, source=source)
+    cost = ProfiledCostModel(measured, analytic, source=source)
+    return cost, {"path": str(path), **cost.record(sha256)}
+
+
 def run(args: argparse.Namespace) -> int:
     if args.lerobot is None:
         if not args.metadata:
@@ -193,9 +224,17 @@ def run(args: argparse.Namespace) -> int:
     budget = _budget(args)
     if budget is None:
         raise UsageError("plan needs a budget: --gpu NAME or --budget-gib X")
+    if args.profile is not None and args.plan_mode == "packed":
+        raise UsageError(
+            "--profile cannot plan --mode packed (packing prices each sample's attention with the analytic "
+            "model); use --mode static or dynamic with --profile, or drop --profile"
+        )
     gpu = gpu_from_args(args)
-    cost = CostModel(model, gpu)
+    analytic = CostModel(model, gpu)
     meta: dict[str, Any] = {"model": model.to_dict(), "gpu": None if gpu is None else gpu.name}
+    cost: CostModel | ProfiledCostModel = analytic
+    if args.profile is not None:
+        cost, meta["profile"] = _profiled(args.profile, analytic, gpu, model)
     with tempfile.TemporaryDirectory(prefix="tokenbucket-plan-") as tmp:
         sources: list[str | Path] = args.metadata
         if args.lerobot is not None:
@@ -222,5 +261,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**_plan_json(manifest.plan), "summary": summary}))
     else:
         _print_plan(manifest.plan, summary)
+        if args.profile is not None:
+            low, high = meta["profile"]["lengths"]
+            print(
+                f"memory from profile {args.profile} ({meta['profile']['points']} points, {low:,}..{high:,} tokens, "
+                f"fit error {meta['profile']['fit_error']:.1%}); step times from the analytic model"
+            )
         print(f"manifest: {args.out} ({len(manifest):,} rows)")
     return 0

@@ -17,7 +17,14 @@ import torch
 
 from tokenbucket._exceptions import ConfigError, UsageError
 from tokenbucket._progress import progress
-from tokenbucket.cli._common import _add_model_flags, _gib, model_from_args, positive_int, progress_from_args
+from tokenbucket.cli._common import (
+    _add_model_flags,
+    _gib,
+    gpu_from_args,
+    model_from_args,
+    positive_int,
+    progress_from_args,
+)
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.profile import profile_memory, profile_points
 
@@ -40,8 +47,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="fake",
         help="fake: fake tensors on the CPU (no GPU needed, the default); cuda: measure on the GPU",
     )
-    parser.add_argument("--gpu", help="the GPU target a saved profile is for")
-    parser.add_argument("--save", type=Path, help="also measure a small grid and save a profile JSON")
+    parser.add_argument(
+        "--gpu",
+        help="the GPU target a saved profile is for (see `tokenbucket gpus`; default fake-cpu: any GPU); "
+        "`plan --profile` refuses the profile for another --gpu",
+    )
+    parser.add_argument(
+        "--save",
+        type=Path,
+        help="also measure a small grid (batch 1, 2 and --batch at each --length; two or more lengths) and save "
+        "a profile JSON for `tokenbucket plan --profile`",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON list instead of the table")
     _add_model_flags(parser, with_config=True)
 
@@ -63,6 +79,12 @@ def _load_factory(target: str) -> Callable[..., Any]:
 
 def run(args: argparse.Namespace) -> int:
     model = model_from_args(args)
+    gpu = gpu_from_args(args)  # before measuring: an unknown --gpu fails now, not after the grid
+    if args.save is not None and len(set(args.length or [])) < 2:
+        raise UsageError(
+            f"--save needs two or more --length values (a fit separates the per-token and the per-token² "
+            f"memory), but got {len(set(args.length or []))}"
+        )
     factory = _load_factory(args.factory)
     takes_spec = False
     try:
@@ -108,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             build,
             make_batch,
             grid,
-            target=args.gpu or "fake-cpu",
+            target="fake-cpu" if gpu is None else gpu.name,
             dtype=model.precision,
             device=args.device,
             train=train,
