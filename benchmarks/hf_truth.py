@@ -563,9 +563,12 @@ def shape_record(name: str, shape: tuple[int, int, int, int, int], config: Any |
 
 
 def measure(
-    name: str, train: str, sharding: str, shape: tuple[int, int, int, int, int] | dict[str, int]
+    name: str, train: str, sharding: str, shape: tuple[int, int, int, int, int] | dict[str, int], steps: int = 1
 ) -> dict[str, Any]:
-    """One training step of ``name`` at ``shape`` under ``train``/``sharding``; the point's record."""
+    """``steps`` training steps of ``name`` at ``shape`` under ``train``/``sharding``; the point's record.
+
+    One step has no optimizer state until its optimizer phase; from the second step on the
+    states are live through forward and backward (the steady state a long run is in)."""
     start = time.perf_counter()
     config = build_config(name)
     fields = shape if isinstance(shape, dict) else shape_record(name, shape, config)
@@ -573,15 +576,16 @@ def measure(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if sharding == "fsdp8":
-            out = _measure_fsdp(name, config, train, real, fake_specs)
+            out = _measure_fsdp(name, config, train, real, fake_specs, steps)
         else:
-            out = _measure_single(name, config, train, real, fake_specs)
+            out = _measure_single(name, config, train, real, fake_specs, steps)
     record: dict[str, Any] = {
         "arch": name,
         "model_type": config.model_type,
         "train": train,
         "sharding": sharding,
         "world": WORLD if sharding == "fsdp8" else 1,
+        "steps": steps,
         **fields,
         "seq_len": int(real["input_ids"].shape[1]),
         **out,
@@ -607,7 +611,9 @@ def _counts(model: torch.nn.Module, world: int = 1) -> dict[str, int]:
     return {"params_total": int(total), "params_trainable": int(trainable)}
 
 
-def _measure_single(name: str, config: Any, train: str, real: dict[str, Any], specs: dict[str, Any]) -> dict[str, Any]:
+def _measure_single(
+    name: str, config: Any, train: str, real: dict[str, Any], specs: dict[str, Any], steps: int = 1
+) -> dict[str, Any]:
     with FakeTensorMode(allow_non_fake_inputs=True):
         model, frozen = _build_model(name, config, train)
         counts = _counts(model)
@@ -623,7 +629,10 @@ def _measure_single(name: str, config: Any, train: str, real: dict[str, Any], sp
         with tracker, storage, _RealOps():
             opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
             tracker.track_external(opt)
-            _step(model, inputs, opt, storage.set_phase)
+            for i in range(steps):
+                if i:  # MemTracker keeps per-module stats of one iteration; the overall peak stays
+                    tracker.reset_mod_stats()
+                _step(model, inputs, opt, storage.set_phase)
             del opt
         peak = int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
         by_type = {
@@ -641,7 +650,9 @@ def _measure_single(name: str, config: Any, train: str, real: dict[str, Any], sp
     }
 
 
-def _measure_fsdp(name: str, config: Any, train: str, real: dict[str, Any], specs: dict[str, Any]) -> dict[str, Any]:
+def _measure_fsdp(
+    name: str, config: Any, train: str, real: dict[str, Any], specs: dict[str, Any], steps: int = 1
+) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -663,7 +674,10 @@ def _measure_fsdp(name: str, config: Any, train: str, real: dict[str, Any], spec
             _skip_frozen_hooks(tracker, model)
             tracker.track_inputs(tuple(v for v in inputs.values() if isinstance(v, FakeTensor)))
             with tracker, _RealOps():
-                _step(model, inputs, opt, lambda _phase: None)
+                for i in range(steps):
+                    if i:
+                        tracker.reset_mod_stats()
+                    _step(model, inputs, opt, lambda _phase: None)
             peak = int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
             snap = tracker._peak_mem_snap[torch.device("cpu")]
             by_type = {str(k.value if hasattr(k, "value") else k): int(v) for k, v in snap.items()}
@@ -677,12 +691,14 @@ def _measure_fsdp(name: str, config: Any, train: str, real: dict[str, Any], spec
 
 
 def _key(p: dict[str, Any]) -> tuple[Any, ...]:
-    return (p["arch"], p["train"], p["sharding"], p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
+    shape = (p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
+    return (p["arch"], p["train"], p["sharding"], *shape, p.get("steps", 1))
 
 
 def _tag(p: dict[str, Any]) -> str:
     shape = (p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
-    return f"{p['arch']}/{p['train']}/{p['sharding']}/{shape}"
+    steps = "" if p.get("steps", 1) == 1 else f"/steps={p['steps']}"
+    return f"{p['arch']}/{p['train']}/{p['sharding']}/{shape}{steps}"
 
 
 def _write(path: Path, points: list[dict[str, Any]], failures: dict[str, str]) -> None:
@@ -711,6 +727,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="arch name (repeatable)")
     parser.add_argument("--out", type=Path, default=FIXTURE)
+    parser.add_argument("--steps", type=int, default=1, help="training steps per point (2: the steady state)")
     parser.add_argument("--merge", nargs="+", type=Path, help="merge these fixture files into --out")
     parser.add_argument("--missing-reason", help="with --merge: record planned points not measured, with this reason")
     args = parser.parse_args(argv)
@@ -748,12 +765,13 @@ def main(argv: list[str] | None = None) -> None:
                     fields["height"],
                     fields["width"],
                     fields["text_tokens"],
+                    args.steps,
                 )
                 if key in done:
                     continue
-                tag = f"{name}/{train}/{sharding}/{shape}"
+                tag = f"{name}/{train}/{sharding}/{shape}" + ("" if args.steps == 1 else f"/steps={args.steps}")
                 try:
-                    rec = measure(name, train, sharding, fields)
+                    rec = measure(name, train, sharding, fields, args.steps)
                 except Exception as exc:  # record why and keep the rest
                     failures[tag] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
                     print(f"FAIL {tag}: {failures[tag]}", flush=True)

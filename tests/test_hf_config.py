@@ -96,6 +96,57 @@ def test_load_hf_config_flat_qwen2_vl_hub_layout(tmp_path: Path) -> None:
     assert load_hf_config(tmp_path).params == 2_208_985_600 == StagedModel.preset("qwen2-vl-2b").params
 
 
+@pytest.mark.parametrize("model_type", ["llava", "llava_next", "smolvlm", "qwen2_vl", "paligemma"])
+def test_load_hf_config_tie_follows_transformers_root_flag(tmp_path: Path, model_type: str) -> None:
+    # a hub file with the tie only inside text_config: transformers 5 ties by the root flag, and
+    # only LLaVA and Qwen2-VL copy the text flag up (LLaVA-NeXT stays untied: the truth's 935M)
+    text = {
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+    }
+    if model_type == "paligemma":
+        text = {**REAL["paligemma"][1]["text_config"], "num_hidden_layers": 2, "tie_word_embeddings": False}
+    raw: dict[str, Any] = {"model_type": model_type, "text_config": text}
+    if model_type in ("smolvlm", "paligemma"):
+        raw["vision_config"] = {**REAL[model_type][1]["vision_config"], "num_hidden_layers": 2}
+    if model_type == "qwen2_vl":
+        raw["text_config"] = {**text, "model_type": "qwen2_vl_text"}
+        raw["vision_config"] = {"depth": 2, "embed_dim": 1280, "num_heads": 16, "hidden_size": 896}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    before = _snapshot(tmp_path / "config.json")
+    staged = load_hf_config(tmp_path)
+    hf_cfg = transformers.AutoConfig.from_pretrained(str(tmp_path))
+    assert staged.tied_embeddings == bool(hf_cfg.tie_word_embeddings)
+    assert staged.tied_embeddings == (model_type in ("llava", "qwen2_vl", "paligemma"))
+    assert staged.params == _hf_params(hf_cfg), staged.params_by_stage()
+    assert _snapshot(tmp_path / "config.json") == before
+
+
+def test_load_hf_config_llava_feature_layer_marks_unused_blocks(tmp_path: Path) -> None:
+    # vision_feature_layer=-2: CLIP-L's last block and its post-LayerNorm never get a gradient
+    # (the truth's llava-next gap: 935,397,888 params, 922,799,616 with gradients)
+    path, _ = _write(tmp_path, "llava_next")
+    tower = load_hf_config(path).vision[0]
+    assert (tower.unused_layers, tower.post_norm_used) == (1, False)
+    assert tower.unused_params == 935_397_888 - 922_799_616
+    for raw, unused in ((-1, 0), (-24, 23), ([3, -2], 1), (0, 24), (24, 0)):
+        (path / "config.json").write_text(json.dumps({"model_type": "llava", "vision_feature_layer": raw}))
+        assert load_hf_config(path).vision[0].unused_layers == unused
+    for bad in (-26, 25, True, "last", []):
+        (path / "config.json").write_text(json.dumps({"model_type": "llava", "vision_feature_layer": bad}))
+        before = _snapshot(path / "config.json")
+        with pytest.raises(ConfigError, match=r"key 'vision_feature_layer' should be a layer index in \[-25, 24\]"):
+            load_hf_config(path)
+        assert _snapshot(path / "config.json") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
 def test_staged_presets_published_counts() -> None:
     # published totals: llava-1.5-7b-hf, OpenVLA-7B, paligemma-3b-pt-224, Qwen2-VL-2B
     counts = {name: STAGED_PRESETS[name].params for name in STAGED_PRESETS}

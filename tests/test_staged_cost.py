@@ -216,3 +216,20 @@ def test_staged_cost_presets_price_without_a_config() -> None:
             assert est.stages["action_expert"]["weights"] > 0
     openvla = StagedCostModel(StagedModel.preset("openvla")).vision_inputs(Sample(images=1, height=224, width=224))
     assert openvla == VisionInputs(1, 261, 256)  # DINOv2's class and register tokens stay in the tower
+
+
+def test_staged_cost_llava_unused_tower_block_keeps_saved_but_no_gradient() -> None:
+    # NOTE [ Tower blocks past the feature layer ]: vision_feature_layer=-2 leaves CLIP's last
+    # block without gradients, and what it saved (41,032 B per tower token) live into the optimizer step
+    cfg = HFConfig("<next>", {"model_type": "llava_next", "text_config": {"model_type": "qwen2", "hidden_size": 896,
+                   "intermediate_size": 4864, "num_hidden_layers": 2, "num_attention_heads": 14,
+                   "num_key_value_heads": 2}})  # fmt: skip
+    model = staged_from_config(cfg)
+    cm = StagedCostModel(model, config=cfg)
+    sample = Sample(images=1, height=336, width=336, text_tokens=16)
+    est = cm.memory(1, sample)
+    tokens = cm.vision_inputs(sample).tower_images * 577
+    assert est.phase == "optimizer" and est.stages["vision"]["activations"] == 41_032 * tokens
+    assert est.item("gradients") == 2 * (model.params - model.vision[0].unused_params)
+    frozen = StagedCostModel(model, TrainSetup(train="frozen-vision"), config=cfg).memory(1, sample)
+    assert frozen.stages["vision"]["activations"] == 0  # a frozen tower saves nothing, used or not

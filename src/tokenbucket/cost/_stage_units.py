@@ -10,7 +10,7 @@ NOTE [ What an HF block saves ].
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tokenbucket.cost.hf_model import StagedModel, VisionTower
 
@@ -38,6 +38,8 @@ class Unit:
         keeps_grad: gradient bytes it makes for a parameter owned elsewhere (a tied head's), live
             until the owner's backward.
         releases_grad: those bytes, folded into its own gradient when its backward ends.
+        keeps_saved: what it saved outlives the step (its output reaches no loss, so no backward
+            frees it: NOTE [ Tower blocks past the feature layer ]).
     """
 
     stage: str
@@ -51,6 +53,7 @@ class Unit:
     backward: bool = True
     keeps_grad: int = 0
     releases_grad: int = 0
+    keeps_saved: bool = False
 
 
 # NOTE [ What an HF block saves ]
@@ -64,24 +67,30 @@ class Unit:
 #   6F; GELU-tanh (SigLIP): 4F. Vision LayerNorm: input and output, 4D + 4.
 # - Qwen2-VL's vision attention keeps the whole qkv output (6D, v is a view of it), q and k
 #   after the fp32 rope (4D), the per-image sdpa outputs and their concatenation (4D).
+# - a prefix-LM mask (PaliGemma's bidirectional image + prompt prefix): sdpa gets a boolean
+#   (B, 1, S, S) mask, so transformers repeats K and V to all heads, and every layer's sdpa
+#   converts the mask to bf16 and keeps it: 2S more per token per layer.
 # Checked: Qwen2-0.5B layer 57,408 B/token (exact), Gemma-2B 181,304 (+16), CLIP-L 41,032,
 # Qwen2-VL block 58,952.
 
+PREFIX_LM = ("paligemma", "pi0")  # text attention under an explicit prefix-LM mask
 
-def decoder_layer_saved(model: StagedModel, *, norm_trains: bool, lora_rank: int, first: bool) -> int:
-    """Bytes per token one decoder layer keeps (NOTE [ What an HF block saves ])."""
+
+def decoder_layer_saved(model: StagedModel, *, norm_trains: bool, lora_rank: int, first: bool, seq_len: int) -> int:
+    """Bytes per token one decoder layer keeps at ``seq_len`` tokens a sample (NOTE [ What an HF block saves ])."""
     spec = model.backbone
     d, f, h = spec.hidden, spec.ffn, spec.heads
     q = h * model.head_dim
     kv = int(spec.kv_heads or h) * model.head_dim
-    kv_eff = kv if model.head_dim <= 256 else q
+    masked = model.model_type in PREFIX_LM
+    kv_eff = kv if model.head_dim <= 256 and not masked else q
     gemma = model.model_type.startswith("gemma") or model.model_type in ("paligemma", "pi0")
     norm = FP32 * d + 4 + BF16 * d + (((FP32 if gemma else BF16) * d) if norm_trains else 0)
     first_norm = BF16 * d if first and lora_rank else norm  # LoRA: nothing upstream wants layer 0's input grad
     attn = BF16 * (2 * q + 2 * kv_eff) + FP32 * h
     mlp = 4 * BF16 * f
     lora = 7 * BF16 * lora_rank
-    return first_norm + norm + attn + mlp + lora + (16 if gemma else 0)
+    return first_norm + norm + attn + mlp + lora + (16 if gemma else 0) + (BF16 * seq_len if masked else 0)
 
 
 def vision_layer_saved(tower: VisionTower) -> int:
@@ -96,23 +105,41 @@ def vision_layer_saved(tower: VisionTower) -> int:
     return 2 * (2 * BF16 * d + 4) + 4 * BF16 * d + FP32 * h + act
 
 
+# NOTE [ Tower blocks past the feature layer ]
+# LLaVA and LLaVA-NeXT project hidden_states[vision_feature_layer] (-2 by default): CLIP still
+# runs its last block (and its post-LayerNorm on the pooled class token), but nothing from
+# them reaches the loss. They get no gradient and no optimizer state, and since no backward
+# passes through them, what the last block saved stays live until the step's outputs are
+# dropped: through the optimizer step (measured: LLaVA-NeXT-0.5B keeps exactly one CLIP block,
+# 41,032 B per tower token, at its optimizer peak). The same holds for SigLIP's attention-pooling
+# head, which transformers runs on every image though no VLM reads it: no gradients for its
+# 15.2M parameters (so400m), and its input with the keys and values it made (3 x 2D per tower
+# token) live to the end (PaliGemma-3B: 1.80 MB measured for 256 tokens, 1.77 MB predicted).
+
+
 def _vision_units(model: StagedModel, images: int, patches: int, trains: bool) -> list[Unit]:
     units: list[Unit] = []
     tokens = images * patches
     for tower in model.vision:
         layers = tower.layers
-        root = tower.params - layers * tower.layer_params
+        root = tower.params - layers * tower.layer_params - tower.head_params
+        root_trains = root - (tower.unused_params - tower.unused_layers * tower.layer_params - tower.head_params)
         inputs = BF16 * tokens * tower.channels * tower.temporal_patch * tower.patch**2
         embed_saved = (2 * BF16 * tower.hidden + 4) * tokens if trains else 0
-        units.append(
-            Unit("vision", root, root if trains else 0, inputs + embed_saved, fwd_work=BF16 * tokens * tower.hidden)
-        )
+        units.append(Unit("vision", root, root_trains if trains else 0, inputs + embed_saved,
+                          fwd_work=BF16 * tokens * tower.hidden))  # fmt: skip
         per = vision_layer_saved(tower) * tokens if trains else 0
         work = BF16 * tokens * (4 * tower.hidden + 2 * tower.ffn)
         grad_work = BF16 * tokens * (4 * tower.hidden + 2 * tower.ffn)
-        for _ in range(layers):
-            units.append(Unit("vision", tower.layer_params, tower.layer_params if trains else 0, per,
-                              fwd_work=work, bwd_grad_work=grad_work, own_unit=True, backward=trains))  # fmt: skip
+        for i in range(layers):
+            used = i < layers - tower.unused_layers
+            units.append(Unit("vision", tower.layer_params, tower.layer_params if trains and used else 0, per,
+                              fwd_work=work, bwd_grad_work=grad_work, own_unit=True, backward=trains and used,
+                              keeps_saved=not used))  # fmt: skip
+        if tower.pooling_head:  # transformers' SigLIP runs it; OpenVLA's timm tower stops before it
+            runs = tower.name == "siglip_vision_model" and trains
+            head_saved = 3 * BF16 * tower.hidden * tokens if runs else 0
+            units.append(Unit("vision", tower.head_params, 0, head_saved, backward=False, keeps_saved=True))
     return units
 
 
@@ -178,13 +205,11 @@ def build_units(
     )
     f = spec.ffn
     for i in range(spec.layers):
-        saved = decoder_layer_saved(model, norm_trains=not rank, lora_rank=rank, first=i == 0) * t
-        if backbone_checkpointing:
-            saved = BF16 * d * t
+        full_saved = decoder_layer_saved(model, norm_trains=not rank, lora_rank=rank, first=i == 0, seq_len=seq_len) * t
+        saved = BF16 * d * t if backbone_checkpointing else full_saved
         units.append(Unit("backbone", layer_p + lora_p, layer_p if not rank else lora_p, saved,
                           fwd_work=(FP32 + BF16) * d * t, bwd_grad_work=BF16 * t * (4 * d + 3 * f), own_unit=True))  # fmt: skip
         if backbone_checkpointing:
-            full_saved = decoder_layer_saved(model, norm_trains=not rank, lora_rank=rank, first=i == 0) * t
             units[-1] = _replace_work(units[-1], full_saved)
     # the final norm and the head; the loss after it: NOTE [ The loss holds three vocab-wide tensors ]
     head_p = 0 if model.tied_embeddings else vd
@@ -219,11 +244,9 @@ def _action_unit(model: StagedModel, batch: int, train: str) -> Unit:
 def _checkpointed(unit: Unit, block_input: int) -> Unit:
     if not unit.own_unit:
         return unit
-    return _replace_work(Unit(unit.stage, unit.params, unit.trainable, block_input, unit.fwd_work, unit.bwd_work,
-                              unit.bwd_grad_work, unit.own_unit, unit.backward), unit.saved)  # fmt: skip
+    return _replace_work(replace(unit, saved=block_input), unit.saved)
 
 
 def _replace_work(unit: Unit, recomputed: int) -> Unit:
     """Full checkpointing: the block's own saved tensors come back during its backward."""
-    return Unit(unit.stage, unit.params, unit.trainable, unit.saved, unit.fwd_work, unit.bwd_work + recomputed,
-                unit.bwd_grad_work, unit.own_unit, unit.backward)  # fmt: skip
+    return replace(unit, bwd_work=unit.bwd_work + recomputed)

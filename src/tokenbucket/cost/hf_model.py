@@ -43,6 +43,11 @@ class VisionTower:
 
     ``tokens_per_image`` is the tower's own sequence for a fixed-size tower (CLIP at 336: 576
     patches + the class token = 577); ``None`` for a dynamic-resolution tower (Qwen2-VL).
+    ``unused_layers`` are the blocks after the layer the projector reads (LLaVA's
+    ``vision_feature_layer=-2`` skips the last one) and ``post_norm_used`` says whether the final
+    norm feeds the projector (CLIP's only normalises the pooled class token); a VLM never reads
+    SigLIP's ``pooling_head``. All three still run, but get no gradient (NOTE [ Tower blocks
+    past the feature layer ] in ``_stage_units``).
     """
 
     name: str
@@ -66,6 +71,8 @@ class VisionTower:
     post_norm: bool = True
     layer_scale: bool = False
     pooling_head: bool = False
+    unused_layers: int = 0
+    post_norm_used: bool = True
 
     @property
     def tokens_per_image(self) -> int | None:
@@ -90,9 +97,19 @@ class VisionTower:
             total += ((self.image_size // self.patch) ** 2 + int(self.class_token and self.class_position)) * d
         total += (int(self.class_token) + self.register_tokens) * d
         total += _norm(self.norm, d) * (int(self.pre_norm) + int(self.post_norm))
-        if self.pooling_head:  # probe, attention (in/out), LayerNorm, MLP
-            total += d + 4 * d * d + 4 * d + 2 * d + 2 * d * self.ffn + self.ffn + d
-        return total
+        return total + self.head_params
+
+    @property
+    def head_params(self) -> int:
+        """The attention-pooling head's parameters: probe, attention (in/out), LayerNorm, MLP."""
+        d = self.hidden
+        return d + 4 * d * d + 4 * d + 2 * d + 2 * d * self.ffn + self.ffn + d if self.pooling_head else 0
+
+    @property
+    def unused_params(self) -> int:
+        """Parameters that never get a gradient: the unused blocks, an unused final norm, the pooling head."""
+        unused_norm = 0 if self.post_norm_used or not self.post_norm else _norm(self.norm, self.hidden)
+        return self.unused_layers * self.layer_params + unused_norm + self.head_params
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,12 +251,31 @@ def _vision_tower(cfg: HFConfig) -> VisionTower:
             **common,
         )  # fmt: skip
     use_head = vt == "siglip_vision_model" and bool(cfg.get(table, where, "vision_use_head", True, bool))
+    layers = num("num_hidden_layers")
+    # LLaVA / LLaVA-NeXT read hidden_states[vision_feature_layer]; the others the last hidden state
+    reads_hidden = cfg.model_type in ("llava", "llava_next")
     return VisionTower(
-        name=vt, hidden=num("hidden_size"), layers=num("num_hidden_layers"), heads=num("num_attention_heads"),
+        name=vt, hidden=num("hidden_size"), layers=layers, heads=num("num_attention_heads"),
         ffn=num("intermediate_size"), patch=num("patch_size"), image_size=num("image_size"),
         channels=num("num_channels"), class_token=vt == "clip_vision_model", patch_bias=vt != "clip_vision_model",
         pre_norm=vt == "clip_vision_model", pooling_head=use_head,
+        unused_layers=_unused_layers(cfg, layers) if reads_hidden else 0,
+        post_norm_used=not reads_hidden and vt != "clip_vision_model",
     )  # fmt: skip
+
+
+def _unused_layers(cfg: HFConfig, layers: int) -> int:
+    """Blocks after the deepest ``vision_feature_layer`` (hidden_states[0] is the embedding output)."""
+    raw = cfg.config.get("vision_feature_layer", -2)
+    picks = raw if isinstance(raw, list) else [raw]
+    if not picks or not all(isinstance(k, int) and not isinstance(k, bool) and -layers - 1 <= k <= layers
+                            for k in picks):  # fmt: skip
+        raise ConfigError(
+            f"config.json {cfg.path!r}: key 'vision_feature_layer' should be a layer index in "
+            f"[{-layers - 1}, {layers}] or a list of them, but got {raw!r}"
+        )
+    deepest = max(k if k >= 0 else layers + 1 + k for k in picks)
+    return layers - int(deepest)
 
 
 # text defaults per decoder model_type (transformers' config classes)
@@ -341,10 +377,10 @@ def staged_from_config(cfg: HFConfig, name: str | None = None) -> StagedModel:
     if mt not in DECODER_TYPES:
         vision = (_vision_tower(cfg),)
         projector = _projector(cfg, vision[0], spec.hidden)
-        root_default = mt == "paligemma"
-        tie = bool(cfg.get(cfg.config, "", "tie_word_embeddings", root_default, bool)) or (
-            text_tie and "text_config" in cfg.config
-        )
+        # transformers 5 ties by the root flag; only LLaVA and Qwen2(.5)-VL copy a text_config
+        # tie up to it (their configs' __post_init__), LLaVA-NeXT, PaliGemma and Idefics3 do not
+        root = bool(cfg.get(cfg.config, "", "tie_word_embeddings", mt == "paligemma", bool))
+        tie = root or (text_tie and mt in ("llava", "qwen2_vl", "qwen2_5_vl"))
     return StagedModel(
         name=name or str(cfg.config.get("_name_or_path") or mt), model_type=mt, vision=vision, projector=projector,
         backbone=spec, vocab=vocab, tied_embeddings=tie, head_dim=head_dim, attn_bias=bias,  # type: ignore[arg-type]

@@ -308,7 +308,8 @@ def _walk(units: list[Unit], setup: TrainSetup) -> tuple[str, Counter[tuple[str,
     for i in reversed(range(len(units))):
         u = units[i]
         if not u.backward:
-            live.add(u.stage, "activations", -u.saved)
+            if not u.keeps_saved:
+                live.add(u.stage, "activations", -u.saved)
             continue
         extra = []
         if gathered:
