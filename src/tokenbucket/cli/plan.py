@@ -35,9 +35,9 @@ from tokenbucket.cli._common import (
     spec_from_args,
 )
 from tokenbucket.cost.gpus import GPU
+from tokenbucket.cost.measured import MeasuredCostModel, ProfiledCostModel, read_profile
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.model import ModelSpec
-from tokenbucket.cost.profile import MeasuredCostModel, ProfiledCostModel, read_profile
 from tokenbucket.plan.manifest import build_manifest
 from tokenbucket.tokens.lerobot import lerobot_rows
 from tokenbucket.tokens.lerobot_mix import LeRobotSource, lerobot_mixture
