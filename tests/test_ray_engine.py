@@ -190,3 +190,25 @@ def test_ray_engine_million_rows_same_manifest_as_local(local_ray: None, tmp_pat
     local, on_ray = both(inputs, tmp_path, "m.parquet", batch_rows=100_000, on_invalid="reject", on_oversize="reject")
     assert_same(local, on_ray, 1_000_000)
     assert on_ray.summary()["invalid"] == local.summary()["invalid"] == 5
+
+
+def test_cli_plan_engine_ray_writes_the_local_engines_manifest(
+    local_ray: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokenbucket.cli.main import main
+
+    src = tmp_path / "meta.parquet"
+    pq.write_table(metadata(2_000, seed=4), src)
+    flags = ["--patch", "14", "--preset", "design-24L-1024", "--gpu", "h100-sxm", "--on-invalid", "reject"]
+    flags += ["--on-oversize", "reject", "--quiet"]
+    assert main(["plan", str(src), *flags, "--out", str(tmp_path / "local.parquet")]) == 0
+    assert main(["plan", str(src), *flags, "--engine", "ray", "--out", str(tmp_path / "ray.parquet")]) == 0
+    local, on_ray = load_manifest(tmp_path / "local.parquet"), load_manifest(tmp_path / "ray.parquet")
+    assert on_ray.content_hash == local.content_hash and len(on_ray) == 2_000
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:  # argparse-style usage error: exit status 2
+        code = main(["plan", str(src), *flags, "--ray-address", "auto", "--out", str(tmp_path / "x.parquet")])
+        raise SystemExit(code)
+    assert done.value.code == 2
+    assert "--ray-address goes with --engine ray" in capsys.readouterr().err
+    assert not (tmp_path / "x.parquet").exists()

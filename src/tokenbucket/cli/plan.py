@@ -10,10 +10,12 @@ tokenbucket plan --lerobot [NAME=]DATASET[:WEIGHT] [--lerobot ...] [--delta-time
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ from tokenbucket.cost.gpus import GPU
 from tokenbucket.cost.measured import MeasuredCostModel, ProfiledCostModel, read_profile
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.model import ModelSpec
-from tokenbucket.plan.manifest import build_manifest
+from tokenbucket.plan.manifest import Manifest, build_manifest
 from tokenbucket.tokens.lerobot import lerobot_rows
 from tokenbucket.tokens.lerobot_mix import LeRobotSource, lerobot_mixture
 
@@ -124,6 +126,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "bucket bound past its longest measured length (measure up to the longest sample rounded up to 64), "
         "--mode packed. A dynamic plan's sampler takes MeasuredCostModel(Profile.load(FILE)) as cost_model",
     )
+    parser.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="local (default: this process) or ray (Ray Data: breakdowns and manifest parts per block in parallel, "
+        "the driver holds only histograms and the plan; the manifest is byte-identical; needs tokenbucket[ray])",
+    )
+    parser.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="with --engine ray: the cluster to join (e.g. ray://head:10001 or auto); default: a local Ray on "
+        "this machine's cores, started and stopped by the command",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     _add_spec_flags(parser)
     _add_model_flags(parser, mode_flag="--model-mode")
@@ -205,6 +220,19 @@ def _profiled(
     return cost, {"path": str(path), **cost.record(sha256)}
 
 
+def _builder(args: argparse.Namespace) -> Callable[..., Manifest]:
+    """The manifest builder ``--engine`` names (Ray's takes ``--ray-address``)."""
+    if args.engine == "local":
+        if args.ray_address is not None:
+            raise UsageError("--ray-address goes with --engine ray")
+        return build_manifest
+    try:
+        from tokenbucket.plan.ray_engine import build_manifest_ray  # optional: ray only for --engine ray
+    except ImportError as exc:
+        raise ConfigError(f"--engine ray needs Ray Data: pip install 'tokenbucket[ray]' ({exc})") from None
+    return functools.partial(build_manifest_ray, address=args.ray_address)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.lerobot is None:
         if not args.metadata:
@@ -242,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
             rows = Path(tmp) / "lerobot-rows.parquet"
             meta["lerobot"] = _lerobot_metadata(args, rows)
             sources = [rows]
-        manifest = build_manifest(
+        manifest = _builder(args)(
             sources,
             spec,
             cost,
