@@ -21,6 +21,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "tokenbucket"
 STAGES = ("_base", "tokens", "cost", "plan", "train", "stream", "monitor", "cli")
 BASE_MODULES = ("_exceptions", "_values", "_search", "_config", "_progress", "testing")
 MAX_DEFERRED = 5
+# modules that import an optional dependency at their top (ray, lightning, accelerate, transformers)
+OPTIONAL_MODULES = (
+    "tokenbucket.plan.ray_engine",
+    "tokenbucket.train.lightning",
+    "tokenbucket.train.accelerate",
+    "tokenbucket.train.hf_trainer",
+)
 MAX_LINES = 700
 MAX_ANY_PARAMETERS = 10
 
@@ -155,7 +162,10 @@ def test_layout_deferred_imports_are_few_and_each_for_an_optional_dependency() -
     deferred = {(i.module, i.line): i for i in imports if i.deferred}
     assert len(deferred) <= MAX_DEFERRED, sorted(deferred)
     for i in deferred.values():
-        assert not i.target.startswith("tokenbucket"), f"{i.module}:{i.line} defers an import of the package itself"
+        # the package's own modules are imported at the top, except one that exists to wrap an
+        # optional dependency (it imports it at its own top): the CLI reaches it only when asked
+        own = i.target.startswith("tokenbucket") and i.target not in OPTIONAL_MODULES
+        assert not own, f"{i.module}:{i.line} defers an import of the package itself"
         assert "# optional" in i.comment, f"{i.module}:{i.line} defers an import without '# optional: why'"
 
 
