@@ -101,6 +101,7 @@ SLOW = {
     "under-the-hugging-face-trainer-0",
     "under-torchrun-elastic-0",
     "cli-0",
+    "beyond-one-machine-the-ray-engine-0",
 }
 
 
