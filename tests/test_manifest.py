@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -11,7 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table, gpu_budget_bytes
+from tokenbucket import ConfigError, CostModel, MetadataError, ModelSpec, TokenSpec, breakdown_table, gpu_budget_bytes
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.plan.manifest import build_manifest, load_manifest
 from tokenbucket.testing import mixture_a
@@ -463,3 +464,28 @@ def test_manifest_duplicates_across_batches_and_null_keys_plan_only_the_kept_row
     assert len(bucket) == 60 and invalid == {20, 50}
     assert m.plan.summary()["samples"] == (bucket >= 0).sum() == 58 - m.plan.summary()["rejected"]
     assert m.summary()["rejected"] == (bucket < 0).sum() and m.summary()["invalid"] == 2
+
+
+@pytest.mark.parametrize("batch_rows", [200, 1_000])
+def test_manifest_invalid_row_is_named_by_its_input_row_whatever_the_batch(tmp_path: Path, batch_rows: int) -> None:
+    """A reason or error names the row of the input, not of the batch it was read in."""
+    n = 600
+    table = pa.table(
+        {
+            "key": [f"k{i:04d}" for i in range(n)],
+            "cameras": [1] * n,
+            "frames": [-3 if i == 251 else 1 for i in range(n)],
+            "height": [224] * n,
+            "width": [224] * n,
+        }
+    )
+    src = tmp_path / "m.parquet"
+    pq.write_table(table, src)
+    cost = CostModel(ModelSpec.preset("design-24L-1024"), "H100-SXM")
+    kw: dict[str, Any] = {"budget_bytes": gpu_budget_bytes("H100-SXM"), "batch_rows": batch_rows}
+    m = build_manifest(src, TokenSpec(patch=14), cost, tmp_path / "out.parquet", on_invalid="reject", **kw)
+    reasons = [r for r in m.table.column("reason").to_pylist() if r]
+    assert reasons == ["invalid: row 251 key 'k0251': column 'frames' should be at least 1, but got frames=-3"]
+    with pytest.raises(MetadataError, match=r"row 251 key 'k0251'"):
+        build_manifest(src, TokenSpec(patch=14), cost, tmp_path / "raise.parquet", **kw)
+    assert not (tmp_path / "raise.parquet").exists()

@@ -150,7 +150,7 @@ def test_ray_engine_invalid_row_raises_the_local_error_and_changes_nothing(local
         build_manifest_ray(src, SPEC, COST, out, **kw)  # type: ignore[arg-type]
     assert type(ray_error.value) is type(local_error.value)
     assert str(ray_error.value) == str(local_error.value)
-    assert "row 51" in str(ray_error.value)  # the batch's first bad row (251: a key repeated in batch 2)
+    assert "row 251 " in str(ray_error.value)  # the input row (a key repeated in batch 2), not the batch's row 51
     assert snapshot(tmp_path) == before  # no manifest, no temporary, no scratch left
 
 

@@ -457,7 +457,7 @@ def manifest_part(
     # invalid row, named under on_invalid="raise" and rejected with its reason under "reject".
     # Packing takes it (it adds no row), so packed plans keep it.
     min_total = 0 if plan.mode == "packed" else 1
-    result = breakdown_table(table, spec, on_invalid=on_invalid, min_total=min_total)  # type: ignore[arg-type]
+    result = breakdown_table(table, spec, on_invalid=on_invalid, min_total=min_total, row_offset=offset)  # type: ignore[arg-type]
     good = result.table
     idx = good.column("index").to_numpy() + offset
     bucket = plan.assign(good.column("total").to_numpy()).astype(np.int32)

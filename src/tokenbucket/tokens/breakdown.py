@@ -327,6 +327,7 @@ def breakdown_table(
     per_camera: bool = False,
     check_keys: bool = True,
     min_total: int = 0,
+    row_offset: int = 0,
 ) -> Breakdowns:
     """The token breakdown of every row of ``table``, vectorised.
 
@@ -343,6 +344,8 @@ def breakdown_table(
             to be unique).
         min_total: a sample with fewer tokens is invalid (the planner passes 1: a padded row of
             nothing but padding trains nothing; packing takes empty samples).
+        row_offset: the input row of ``table``'s first row, when it is one batch of a larger
+            input: errors and reasons name ``row_offset + i`` (``index`` columns stay 0-based).
 
     Raises:
         MissingColumnError: a required column is absent (in either mode).
@@ -427,12 +430,12 @@ def breakdown_table(
             row, reason, column, value = problems.first()
             key = key_arr[row].as_py()
             cls = _ERROR_CLASS.get(reason, InvalidValueError)
-            raise cls(reason, column=column, row=row, key=key, value=value)
+            raise cls(reason, column=column, row=row + row_offset, key=key, value=value)
         chosen = problems.first_per_row()
         rows = np.array([c[0] for c in chosen], dtype=np.int64)
         keys = key_arr.take(pa.array(rows)).to_pylist()
         messages = [
-            str(_ERROR_CLASS.get(reason, InvalidValueError)(reason, column=col, row=r, key=k, value=v))
+            str(_ERROR_CLASS.get(reason, InvalidValueError)(reason, column=col, row=r + row_offset, key=k, value=v))
             for (r, reason, col, v), k in zip(chosen, keys, strict=True)
         ]
         rejected = pa.table(
