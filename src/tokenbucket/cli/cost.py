@@ -1,6 +1,7 @@
 """``tokenbucket cost``: itemised memory, FLOPs and fit of one batch shape.
 
 tokenbucket cost [model flags] --batch B --length L [--gpu NAME | --budget-gib X] [--json]
+tokenbucket cost --hf-config DIR --sample JSON --batch B [--train T] [--sharding S --world-size N] [--json]
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import argparse
 import json
 from typing import Any
 
+from tokenbucket._exceptions import UsageError
 from tokenbucket.cli._common import (
     _add_model_flags,
     _budget,
@@ -19,16 +21,32 @@ from tokenbucket.cli._common import (
     positive_int,
     unit_fraction,
 )
+from tokenbucket.cli._staged import (
+    add_staged_flags,
+    is_staged,
+    print_estimate,
+    sample_from_args,
+    staged_cost_from_args,
+    staged_json,
+)
 from tokenbucket.cost.memory import MEMORY_ITEMS, CostModel
 
 __all__ = ["EXAMPLE", "add_arguments", "run"]
 
-EXAMPLE = "tokenbucket cost --preset design-24L-1024 --batch 1 --length 16384 --gpu H100-SXM"
+EXAMPLE = (
+    "tokenbucket cost --preset design-24L-1024 --batch 1 --length 16384 --gpu H100-SXM\n"
+    '  tokenbucket cost --preset qwen2-vl-2b --sample \'{"images": 4, "height": 448, "width": 448, '
+    '"text_tokens": 512}\' --batch 2 --sharding fsdp --world-size 8 --gpu H100-SXM'
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=positive_int, required=True, help="samples in the batch")
-    parser.add_argument("--length", type=positive_int, required=True, help="padded sequence length in tokens")
+    parser.add_argument("--length", type=positive_int, help="padded sequence length in tokens (block model)")
+    parser.add_argument(
+        "--sample",
+        help='one sample of a staged model as JSON: {"images", "height", "width", "text_tokens"} or cameras x frames',
+    )
     parser.add_argument("--gpu", help="GPU target, e.g. h100-sxm (see `tokenbucket gpus`; a unique prefix will do)")
     parser.add_argument("--budget-gib", type=positive_float, help="memory budget in GiB instead of a GPU's")
     parser.add_argument(
@@ -36,9 +54,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _add_model_flags(parser, with_config=True)
+    add_staged_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_staged(args):
+        return _run_staged(args)
+    staged_only = [
+        f for f in ("sample", "train", "lora_rank", "sharding", "world_size") if getattr(args, f) is not None
+    ]
+    if staged_only:
+        flags = ", ".join(f"--{f.replace('_', '-')}" for f in staged_only)
+        raise UsageError(f"{flags} price a staged model: give --hf-config DIR (or a staged --preset)")
+    if args.length is None:
+        raise UsageError("the block model needs --length (or give --hf-config and --sample)")
     model = model_from_args(args)
     cost = CostModel(model, gpu_from_args(args), mfu=args.mfu)
     mem = cost.memory(args.batch, args.length)
@@ -67,4 +96,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"  budget {_gib(budget)}: {verdict}; largest batch at this length: {out['max_batch']}")
     if "step_seconds" in out:
         print(f"  step time at {args.mfu:.0%} of {cost.gpu.name} peak: {out['step_seconds'] * 1e3:,.1f} ms")  # type: ignore[union-attr]
+    return 0
+
+
+def _run_staged(args: argparse.Namespace) -> int:
+    if args.sample is None:
+        raise UsageError("a staged model needs --sample (one sample's images, height, width, text_tokens)")
+    if args.length is not None:
+        raise UsageError("--length is the block model's; a staged model's length follows from --sample")
+    cost = staged_cost_from_args(args)
+    sample = sample_from_args(args.sample)
+    est = cost.memory(args.batch, sample)
+    out = staged_json(cost, est, _budget(args), sample)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print_estimate(cost, est, out)
     return 0

@@ -1,6 +1,7 @@
 """``tokenbucket ledger``: one sample's tokens as bytes and FLOPs, with what-ifs.
 
 tokenbucket ledger --sample JSON [token flags] [model flags] [--whatif frames=32 ...] [--json]
+tokenbucket ledger --hf-config DIR --sample JSON [--batch B] [training flags] [--json]
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from tokenbucket._exceptions import UsageError
 from tokenbucket.cli._common import (
     _add_model_flags,
     _add_spec_flags,
@@ -16,6 +18,14 @@ from tokenbucket.cli._common import (
     model_from_args,
     positive_int,
     spec_from_args,
+)
+from tokenbucket.cli._staged import (
+    add_staged_flags,
+    is_staged,
+    print_estimate,
+    sample_from_args,
+    staged_cost_from_args,
+    staged_json,
 )
 from tokenbucket.cost.ledger import ledger_with_whatifs
 
@@ -40,9 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _add_spec_flags(parser)
     _add_model_flags(parser)
+    add_staged_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_staged(args):
+        return _run_staged(args)
     spec = spec_from_args(args)
     model = model_from_args(args)
     led = ledger_with_whatifs(_sample_arg(args.sample), spec, model, args.whatif, batch=args.batch)
@@ -72,4 +85,36 @@ def run(args: argparse.Namespace) -> int:
             ratio = led["whatif"][w].get(key)
             cells.append(f"{'' if ratio is None else f'x{ratio:.2f}':>16}")
         print(f"{label:<34}" + "".join(cells))
+    return 0
+
+
+def _run_staged(args: argparse.Namespace) -> int:
+    """A staged model's ledger: the sample's vision passes and tokens, then bytes per stage."""
+    if args.whatif:
+        raise UsageError("--whatif changes the block model's knobs; with --hf-config, run the ledger per variant")
+    cost = staged_cost_from_args(args)
+    sample = sample_from_args(args.sample)
+    vi = cost.vision_inputs(sample)
+    est = cost.memory(args.batch, sample)
+    out = staged_json(cost, est, None, sample)
+    tokens = {
+        "images": sample.images,
+        "tower_passes": vi.tower_images * sample.images,
+        "patches_per_pass": vi.patches_per_image,
+        "image_tokens": vi.llm_tokens * sample.images,
+        "text_tokens": sample.text_tokens,
+        "llm_tokens": est.seq_len,
+    }
+    params = cost.model.params_by_stage()
+    out.update(tokens=tokens, params_by_stage=params)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(
+        f"one sample: {sample.images} images of {sample.height}x{sample.width} -> {tokens['tower_passes']:,} vision "
+        f"passes of {vi.patches_per_image:,} patches -> {tokens['image_tokens']:,} image tokens + "
+        f"{sample.text_tokens:,} text = {est.seq_len:,} LLM tokens"
+    )
+    print("parameters: " + ", ".join(f"{k} {v / 1e6:,.0f} M" for k, v in params.items() if v))
+    print_estimate(cost, est, out)
     return 0

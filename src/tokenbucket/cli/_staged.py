@@ -1,0 +1,171 @@
+"""The CLI's staged-model flags: a Hugging Face ``config.json`` (or a staged preset), one sample's
+shape, and the training setup, shared by ``cost`` and ``ledger``.
+
+    tokenbucket cost --hf-config DIR --sample '{"images": 2, "height": 448, "width": 448, "text_tokens": 256}'
+                     --batch 2 --train lora --sharding fsdp --world-size 8 --gpu H100-SXM
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from tokenbucket._exceptions import ConfigError, UsageError
+from tokenbucket.cli._common import _gib, _json_object_arg, gpu_from_args, positive_int
+from tokenbucket.cost.hf_model import STAGED_PRESETS, StagedModel, staged_from_config
+from tokenbucket.cost.staged import STAGE_ITEMS, STAGES, Sample, StagedCostModel, StagedEstimate, TrainSetup
+from tokenbucket.tokens.hf import read_hf_config
+
+__all__ = [
+    "add_staged_flags",
+    "is_staged",
+    "print_estimate",
+    "sample_from_args",
+    "staged_cost_from_args",
+    "staged_json",
+]
+
+SAMPLE_KEYS = ("images", "cameras", "frames", "height", "width", "text_tokens")
+
+
+def add_staged_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "staged model (a VLM/VLA read from a Hugging Face config.json, or --preset "
+        + "|".join(sorted(STAGED_PRESETS))
+        + ")"
+    )
+    g.add_argument("--hf-config", type=Path, metavar="DIR_OR_FILE", help="a config.json, or the folder holding it")
+    g.add_argument(
+        "--train",
+        choices=["full", "frozen-vision", "lora"],
+        help="what trains: everything (default), all but the vision tower, or LoRA adapters on the LLM",
+    )
+    g.add_argument("--lora-rank", type=positive_int, help="the LoRA adapters' rank with --train lora (default 16)")
+    g.add_argument(
+        "--sharding",
+        choices=["none", "ddp", "fsdp", "zero2", "zero3"],
+        help="how weights, gradients and optimizer states are split over --world-size ranks (default none)",
+    )
+    g.add_argument("--world-size", type=positive_int, help="data-parallel ranks (default 1; more need --sharding)")
+    g.add_argument("--vision-checkpointing", choices=["none", "full"], help="recompute each vision block in backward")
+    g.add_argument(
+        "--backbone-checkpointing", choices=["none", "full"], help="recompute each decoder layer in backward"
+    )
+
+
+def is_staged(args: argparse.Namespace) -> bool:
+    """Whether the command prices a staged model (``--hf-config`` or a staged ``--preset``)."""
+    return args.hf_config is not None or (args.preset is not None and args.preset in STAGED_PRESETS)
+
+
+_BLOCK_FLAGS = ("hidden", "layers", "heads", "kv_heads", "mlp_ratio", "gated_mlp", "window", "extra_params")
+
+
+def staged_cost_from_args(args: argparse.Namespace) -> StagedCostModel:
+    """The :class:`StagedCostModel` the staged flags describe (block-model flags do not apply)."""
+    given = [f"--{name.replace('_', '-')}" for name in _BLOCK_FLAGS if getattr(args, name, None) is not None]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} describe the block model; a staged model takes its sizes from --hf-config"
+        )
+    if args.hf_config is not None and args.preset is not None:
+        raise UsageError("--hf-config and --preset both name the model: give one")
+    config = None
+    if args.hf_config is not None:
+        config = read_hf_config(args.hf_config)
+        model: StagedModel = staged_from_config(config)
+    else:
+        model = StagedModel.preset(args.preset)
+    options: dict[str, Any] = {
+        "train": args.train,
+        "lora_rank": args.lora_rank,
+        "sharding": args.sharding,
+        "world_size": args.world_size,
+        "optimizer": args.optimizer,
+        "vision_checkpointing": args.vision_checkpointing,
+        "backbone_checkpointing": args.backbone_checkpointing,
+    }
+    chosen = {k: v for k, v in options.items() if v is not None}
+    if chosen.get("world_size", 1) > 1 and "sharding" not in chosen:
+        raise UsageError("--world-size needs --sharding (ddp, fsdp, zero2 or zero3)")
+    try:
+        setup = TrainSetup(**chosen)
+    except ConfigError as exc:
+        raise UsageError(_as_flags(str(exc))) from None
+    gpu = gpu_from_args(args) if getattr(args, "gpu", None) is not None else None
+    return StagedCostModel(model, setup, gpu, config=config)
+
+
+def _as_flags(message: str) -> str:
+    """A TrainSetup message in the flags' words (``world_size=2`` -> ``--world-size 2``)."""
+    for name in ("world_size", "lora_rank", "sharding", "train"):
+        message = message.replace(f"{name}=", f"--{name.replace('_', '-')} ").replace(
+            name, f"--{name.replace('_', '-')}"
+        )
+    return message
+
+
+def sample_from_args(text: str) -> Sample:
+    """``--sample``'s JSON object as a :class:`Sample` (images or cameras x frames, H, W, text tokens)."""
+    data = _json_object_arg(text, "--sample")
+    unknown = sorted(set(data) - set(SAMPLE_KEYS))
+    if unknown:
+        raise UsageError(f"--sample has unknown keys {unknown}; a staged model reads {list(SAMPLE_KEYS)}")
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UsageError(f"--sample {key} should be a non-negative integer, got {value!r}")
+    try:
+        if "cameras" in data or "frames" in data:
+            if "images" in data:
+                raise UsageError("--sample gives images and cameras x frames: give one")
+            return Sample.video(
+                cameras=data.get("cameras", 1),
+                frames=data.get("frames", 1),
+                height=data.get("height", 0),
+                width=data.get("width", 0),
+                text_tokens=data.get("text_tokens", 0),
+            )
+        return Sample(**data)
+    except ConfigError as exc:
+        raise UsageError(f"--sample: {exc}") from None
+
+
+def staged_json(cost: StagedCostModel, est: StagedEstimate, budget: int | None, sample: Sample) -> dict[str, Any]:
+    """What ``cost --json`` prints for a staged model (bytes per rank)."""
+    s = cost.setup
+    out: dict[str, Any] = {
+        "model": cost.model.name,
+        "model_type": cost.model.model_type,
+        "params": cost.model.params,
+        "train": s.train,
+        "sharding": s.sharding,
+        "world_size": s.world_size,
+        "batch": est.batch,
+        "seq_len": est.seq_len,
+        "peak_bytes": est.peak_bytes,
+        "phase": est.phase,
+        "stages": est.stages,
+    }
+    if budget is not None:
+        out.update(budget_bytes=budget, fits=est.peak_bytes <= budget, max_batch=cost.max_batch(sample, budget))
+    return out
+
+
+def print_estimate(cost: StagedCostModel, est: StagedEstimate, out: dict[str, Any]) -> None:
+    """The per-stage, per-item table of one staged estimate."""
+    s = cost.setup
+    print(
+        f"{cost.model.name} ({cost.model.model_type}, {cost.model.params / 1e9:,.2f} B params), train {s.train}, "
+        f"sharding {s.sharding} x {s.world_size}; batch {est.batch} x {est.seq_len:,} LLM tokens; per rank"
+    )
+    print(f"  {'stage':<14}" + "".join(f"{item:>13}" for item in STAGE_ITEMS) + f"{'total':>13}")
+    for stage in STAGES:
+        row = est.stages[stage]
+        if not any(row.values()):
+            continue
+        print(f"  {stage:<14}" + "".join(f"{_gib(row[i]):>13}" for i in STAGE_ITEMS) + f"{_gib(sum(row.values())):>13}")
+    print(f"  {'peak':<14}{_gib(est.peak_bytes):>13}   at the {est.phase} phase")
+    if "budget_bytes" in out:
+        verdict = "fits" if out["fits"] else "does NOT fit"
+        print(f"  budget {_gib(out['budget_bytes'])}: {verdict}; largest batch of this sample: {out['max_batch']}")

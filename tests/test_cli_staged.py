@@ -1,0 +1,134 @@
+"""``cost`` and ``ledger`` on a staged model (a Hugging Face config.json or a staged preset): the
+numbers are the library's, per rank, itemised per stage; the training flags move them the right
+way; mistakes end as one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli_errors import cli, one_line_error, snapshot
+from tokenbucket.cost.hf_model import StagedModel, load_hf_config
+from tokenbucket.cost.staged import STAGE_ITEMS, Sample, StagedCostModel, TrainSetup
+from tokenbucket.tokens.hf import read_hf_config
+
+TRUTH = Path(__file__).parent / "data" / "hf_truth.json"
+SAMPLE = '{"images": 4, "height": 448, "width": 448, "text_tokens": 512}'
+
+
+def qwen2_vl_dir(tmp_path: Path) -> Path:
+    """Qwen2-VL-2B's config.json, as transformers wrote it for the truth set."""
+    folder = tmp_path / "qwen2-vl-2b"
+    folder.mkdir()
+    config = json.loads(TRUTH.read_text())["configs"]["qwen2-vl-2b"]
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_cost_hf_config_json_is_the_library_estimate_per_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = qwen2_vl_dir(tmp_path)
+    code, out, err = cli(capsys, "cost", "--hf-config", str(folder), "--sample", SAMPLE, "--batch", "2", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    lib = StagedCostModel(load_hf_config(folder), config=read_hf_config(folder))
+    want = lib.memory(2, Sample(images=4, height=448, width=448, text_tokens=512))
+    assert got["peak_bytes"] == want.peak_bytes and got["phase"] == want.phase
+    assert got["seq_len"] == 4 * 256 + 512  # 448 px: 32 x 32 patches merged 2 x 2
+    assert sum(sum(items[i] for i in STAGE_ITEMS) for items in got["stages"].values()) == got["peak_bytes"]
+    assert got["stages"]["vision"]["activations"] > 0 and got["stages"]["head_loss"]["activations"] > 0
+
+
+def test_cost_training_flags_move_the_peak_the_right_way(capsys: pytest.CaptureFixture[str]) -> None:
+    def peak(*flags: str) -> int:
+        code, out, err = cli(  # batch 4: activations, not the optimizer step, make the peak
+            capsys, "cost", "--preset", "qwen2-vl-2b", "--sample", SAMPLE, "--batch", "4", "--json", *flags
+        )
+        assert code == 0, err
+        return int(json.loads(out)["peak_bytes"])
+
+    full = peak()
+    assert peak("--sharding", "fsdp", "--world-size", "8") < full
+    assert peak("--train", "lora") < peak("--train", "frozen-vision") < full
+    assert peak("--backbone-checkpointing", "full", "--vision-checkpointing", "full") < full
+    assert peak("--optimizer", "sgd") < full
+    lib = StagedCostModel(StagedModel.preset("qwen2-vl-2b"), TrainSetup(sharding="fsdp", world_size=8))
+    assert (
+        peak("--sharding", "fsdp", "--world-size", "8")
+        == lib.memory(4, Sample(images=4, height=448, width=448, text_tokens=512)).peak_bytes
+    )
+
+
+def test_cost_staged_with_a_gpu_says_whether_it_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(
+        capsys, "cost", "--preset", "qwen2-vl-2b", "--sample", SAMPLE, "--batch", "2", "--gpu", "h100-sxm"
+    )
+    assert code == 0, err
+    assert "per rank" in out and "vision" in out and "head_loss" in out and "largest batch of this sample" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["--preset", "qwen2-vl-2b", "--batch", "1"], ["--sample"]),
+        (["--preset", "qwen2-vl-2b", "--batch", "1", "--sample", SAMPLE, "--length", "100"], ["--length"]),
+        (
+            ["--preset", "qwen2-vl-2b", "--batch", "1", "--sample", SAMPLE, "--world-size", "2"],
+            ["--world-size", "--sharding"],
+        ),
+        (
+            ["--preset", "qwen2-vl-2b", "--batch", "1", "--sample", SAMPLE, "--hidden", "64"],
+            ["--hidden", "--hf-config"],
+        ),
+        (["--preset", "qwen2-vl-2b", "--batch", "1", "--sample", '{"imgs": 2}'], ["--sample", "imgs"]),
+        (["--preset", "qwen2-vl-2b", "--batch", "1", "--sample", '{"images": -1}'], ["--sample", "images"]),
+        (["--batch", "1", "--length", "64", "--train", "lora"], ["--train", "--hf-config"]),
+        (["--batch", "1"], ["--length"]),
+    ],
+)
+def test_cost_staged_usage_mistakes_are_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], names: list[str]
+) -> None:
+    code, _, err = cli(capsys, "cost", *argv)
+    assert code == 2
+    one_line_error(err, *names)
+
+
+def test_cost_unsupported_config_names_the_file_and_the_supported_types(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    before = snapshot(tmp_path)
+    code, _, err = cli(capsys, "cost", "--hf-config", str(tmp_path), "--sample", SAMPLE, "--batch", "1")
+    assert code == 1
+    line = one_line_error(err, "config.json", "mamba", "qwen2_vl", "llava")
+    assert "supported" in line
+    assert snapshot(tmp_path) == before
+
+
+def test_ledger_worked_example_for_qwen2_vl_2b(capsys: pytest.CaptureFixture[str]) -> None:
+    """The design document's sample, 4 cameras x 16 frames at 448 px, on Qwen2-VL-2B: the vision
+    tower holds more activation memory than the backbone."""
+    sample = '{"cameras": 4, "frames": 16, "height": 448, "width": 448}'
+    code, out, err = cli(capsys, "ledger", "--preset", "qwen2-vl-2b", "--sample", sample, "--json")
+    assert code == 0, err
+    led = json.loads(out)
+    assert led["tokens"] == {
+        "images": 64,
+        "tower_passes": 64,
+        "patches_per_pass": 1024,
+        "image_tokens": 16384,
+        "text_tokens": 0,
+        "llm_tokens": 16384,
+    }
+    stages = led["stages"]
+    assert stages["vision"]["activations"] > stages["backbone"]["activations"] > 0
+    assert sum(led["params_by_stage"].values()) == StagedModel.preset("qwen2-vl-2b").params
+    code, text, err = cli(capsys, "ledger", "--preset", "qwen2-vl-2b", "--sample", sample)
+    assert code == 0 and "16,384 image tokens" in text and "vision" in text
+    code, _, err = cli(capsys, "ledger", "--preset", "qwen2-vl-2b", "--sample", sample, "--whatif", "frames=32")
+    assert code == 2
+    one_line_error(err, "--whatif")
