@@ -1,13 +1,16 @@
 """The CLI's staged-model flags: a Hugging Face ``config.json`` (or a staged preset), one sample's
-shape, and the training setup, shared by ``cost`` and ``ledger``.
+shape, and the training setup, shared by ``cost``, ``ledger`` and ``plan``.
 
     tokenbucket cost --hf-config DIR --sample '{"images": 2, "height": 448, "width": 448, "text_tokens": 256}'
                      --batch 2 --train lora --sharding fsdp --world-size 8 --gpu H100-SXM
+    tokenbucket plan METADATA --hf-config DIR --train lora --gpu H100-SXM --out manifest.parquet
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,8 @@ from tokenbucket._exceptions import ConfigError, UsageError
 from tokenbucket.cli._common import _gib, _json_object_arg, gpu_from_args, positive_int
 from tokenbucket.cost.hf_model import STAGED_PRESETS, StagedModel, staged_from_config
 from tokenbucket.cost.staged import STAGE_ITEMS, STAGES, Sample, StagedCostModel, StagedEstimate, TrainSetup
-from tokenbucket.tokens.hf import read_hf_config
+from tokenbucket.tokens.hf import read_hf_config, token_spec_from_hf
+from tokenbucket.tokens.spec import CountRule, TokenSpec
 
 __all__ = [
     "add_staged_flags",
@@ -24,6 +28,8 @@ __all__ = [
     "sample_from_args",
     "staged_cost_from_args",
     "staged_json",
+    "staged_record",
+    "staged_token_spec",
 ]
 
 SAMPLE_KEYS = ("images", "cameras", "frames", "height", "width", "text_tokens")
@@ -95,6 +101,43 @@ def staged_cost_from_args(args: argparse.Namespace) -> StagedCostModel:
         raise UsageError(_as_flags(str(exc))) from None
     gpu = gpu_from_args(args) if getattr(args, "gpu", None) is not None else None
     return StagedCostModel(model, setup, gpu, config=config)
+
+
+def staged_token_spec(cost: StagedCostModel) -> TokenSpec:
+    """The token spec of a staged model: :func:`token_spec_from_hf` of its config, or for a
+    preset without one (fixed-size towers) every frame at the tower's square, text only."""
+    if cost.config is not None:
+        return token_spec_from_hf(cost.config)
+    zero = CountRule(count=0)
+    if not cost.model.vision:
+        return TokenSpec(patch=1, tokens_per_frame=1, proprio=zero, action=zero, memory=zero)
+    tower = cost.model.vision[0]
+    side = tower.image_size or tower.patch
+    tokens = cost.vision_inputs(Sample(images=1, height=side, width=side)).llm_tokens
+    return TokenSpec(
+        patch=tower.patch, resize="fixed", fixed_size=(side, side), tokens_per_frame=tokens, proprio=zero,
+        action=zero, memory=zero,
+    )  # fmt: skip
+
+
+def staged_record(cost: StagedCostModel, hf_config: Path | None) -> dict[str, Any]:
+    """What a manifest records of a staged model: name, model_type, parameters, the SHA-256 of
+    the very config.json (and preprocessor_config.json) bytes, or the preset's name, and the setup."""
+    out: dict[str, Any] = {
+        "kind": "staged",
+        "name": cost.model.name,
+        "model_type": cost.model.model_type,
+        "params": cost.model.params,
+        "setup": dataclasses.asdict(cost.setup),
+    }
+    if hf_config is not None and cost.config is not None:
+        config = Path(cost.config.path)
+        out["config_sha256"] = hashlib.sha256(config.read_bytes()).hexdigest()
+        pre = config.parent / "preprocessor_config.json"
+        out["preprocessor_sha256"] = hashlib.sha256(pre.read_bytes()).hexdigest() if pre.is_file() else None
+    else:
+        out["preset"] = cost.model.name
+    return out
 
 
 def _as_flags(message: str) -> str:

@@ -5,6 +5,12 @@ tokenbucket plan METADATA... [--config F] [--gpu NAME | --budget-gib X] [--max-b
                  --out manifest.parquet [--force] [--json]
 tokenbucket plan --lerobot [NAME=]DATASET[:WEIGHT] [--lerobot ...] [--delta-timestamps JSON|@FILE.json]
                  [--cameras A,B] [--seed N] [plan flags as above]
+tokenbucket plan METADATA... --hf-config DIR | --preset STAGED [--train ...] [--sharding S --world-size N]
+                 [--vision-share F] [plan flags as above]
+
+With a staged model (a Hugging Face config.json, or a staged preset) the token spec follows from
+the model, and each bucket bound is priced as its worst sample: up to the vision share of its
+tokens as images, the rest text (:class:`~tokenbucket.cost.staged_length.StagedLengthModel`).
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from tokenbucket.cli._common import (
     _add_model_flags,
     _add_spec_flags,
     _budget,
+    _finite,
     _json_object_arg,
+    _pairs,
     _plan_json,
     _print_plan,
     gpu_from_args,
@@ -36,13 +44,23 @@ from tokenbucket.cli._common import (
     progress_from_args,
     spec_from_args,
 )
+from tokenbucket.cli._staged import (
+    add_staged_flags,
+    is_staged,
+    staged_cost_from_args,
+    staged_record,
+    staged_token_spec,
+)
 from tokenbucket.cost.gpus import GPU
 from tokenbucket.cost.measured import MeasuredCostModel, ProfiledCostModel, read_profile
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.model import ModelSpec
+from tokenbucket.cost.staged import StagedCostModel
+from tokenbucket.cost.staged_length import StagedLengthModel, measure_vision_share
 from tokenbucket.plan.manifest import Manifest, build_manifest
 from tokenbucket.tokens.lerobot import lerobot_rows
 from tokenbucket.tokens.lerobot_mix import LeRobotSource, lerobot_mixture
+from tokenbucket.tokens.spec import TokenSpec
 
 __all__ = ["EXAMPLE", "add_arguments", "run"]
 
@@ -142,6 +160,79 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     _add_spec_flags(parser)
     _add_model_flags(parser, mode_flag="--model-mode")
+    add_staged_flags(parser)
+    parser.add_argument(
+        "--vision-share",
+        type=_share,
+        metavar="F",
+        help="with --hf-config or a staged --preset: the largest share of a sample's LLM tokens that are image "
+        "tokens, in [0, 1]; each bucket is priced as a sample of that many image tokens (whole images), the "
+        "rest text. Default: measured, the largest vision/total over the metadata's samples",
+    )
+
+
+def _share(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    value = _finite(text, "a number in [0, 1]")
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"should be a number in [0, 1], got {text}")
+    return value
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+# the staged flags, refused without a staged model
+_STAGED_ONLY = (
+    "train", "lora_rank", "sharding", "world_size", "vision_checkpointing", "backbone_checkpointing", "vision_share",
+)  # fmt: skip
+# spec flags that say how an image becomes tokens: a staged model's config says that itself
+_IMAGE_SPEC_FLAGS = (
+    "config", "patch", "resize", "fixed_size", "min_pixels", "max_pixels", "merge", "tubelet", "causal_first_frame",
+    "tokens_per_frame", "special_per_frame", "special_per_camera", "camera_slots", "override",
+)  # fmt: skip
+
+
+def _staged_spec(args: argparse.Namespace, cost: StagedCostModel) -> TokenSpec:
+    """The staged model's token spec; the flags that say where counts are read (--column,
+    --camera-names) and the non-image modalities (--text, --proprio, --action, --memory, --extra) apply."""
+    given = [_flag(name) for name in _IMAGE_SPEC_FLAGS if getattr(args, name) not in (None, [])]
+    if given:
+        source = "--hf-config" if args.hf_config is not None else f"--preset {args.preset}"
+        raise UsageError(f"{', '.join(given)} describe the token spec, which follows from {source}: drop them")
+    data = staged_token_spec(cost).to_dict()
+    data.update({m: getattr(args, m) for m in ("text", "proprio", "action", "memory") if getattr(args, m) is not None})
+    if args.camera_names:
+        data["camera_names"] = [n.strip() for n in args.camera_names.split(",") if n.strip()]
+    if args.extra:
+        data["extras"] = dict(_pairs(args.extra, "--extra"))
+    if args.column:
+        data["columns"] = {**data["columns"], **dict(_pairs(args.column, "--column"))}
+    try:
+        return TokenSpec.from_dict(data)
+    except ConfigError as exc:
+        raise UsageError(f"the token spec of {cost.model.name!r} with the flags given: {exc}") from None
+
+
+def _staged_length(
+    args: argparse.Namespace, cost: StagedCostModel, spec: TokenSpec, sources: list[str | Path], record: dict[str, Any]
+) -> StagedLengthModel:
+    """The planner's view of the staged model, with the vision share of ``--vision-share`` or
+    measured over ``sources`` (one breakdown pass); adds the share and image size to ``record``."""
+    share = args.vision_share
+    source = "--vision-share"
+    if share is None:
+        share, source = measure_vision_share(sources, spec), "measured"
+    try:
+        length = StagedLengthModel(cost, vision_share=share)
+    except ConfigError as exc:
+        raise UsageError(f"--vision-share {share}: {exc}") from None
+    record.update(
+        vision_share=length.vision_share, vision_share_source=source,
+        image=None if length.image is None else list(length.image), image_tokens=length.image_tokens,
+    )  # fmt: skip
+    return length
 
 
 def _lerobot_source(text: str) -> tuple[Path, str, float, bool]:
@@ -220,6 +311,20 @@ def _profiled(
     return cost, {"path": str(path), **cost.record(sha256)}
 
 
+def _print_staged(record: dict[str, Any]) -> None:
+    setup = record["setup"]
+    images = (
+        "no images"
+        if record["image"] is None
+        else "{}x{} images of {:,} tokens".format(*record["image"], record["image_tokens"])
+    )
+    print(
+        f"staged model {record['name']} ({record['model_type']}), train {setup['train']}, sharding "
+        f"{setup['sharding']} x {setup['world_size']}; each bucket priced as up to "
+        f"{record['vision_share']:.1%} image tokens ({record['vision_share_source']}) as {images}, the rest text"
+    )
+
+
 def _builder(args: argparse.Namespace) -> Callable[..., Manifest]:
     """The manifest builder ``--engine`` names (Ray's takes ``--ray-address``)."""
     if args.engine == "local":
@@ -247,8 +352,18 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(f"{flag} goes with --lerobot DATASET, but no --lerobot was given")
     elif args.metadata:
         raise UsageError(f"give either METADATA or --lerobot DATASET, not both (got METADATA {args.metadata})")
-    spec = spec_from_args(args)
-    model = model_from_args(args)
+    staged = is_staged(args)
+    if not staged:
+        only = [_flag(name) for name in _STAGED_ONLY if getattr(args, name) is not None]
+        if only:
+            raise UsageError(f"{', '.join(only)} price a staged model: give --hf-config DIR (or a staged --preset)")
+    elif args.profile is not None:
+        raise UsageError(
+            "--profile measures a block model; a staged model (--hf-config or a staged --preset) is priced "
+            "stage by stage: drop --profile"
+        )
+    elif args.plan_mode == "packed":
+        raise UsageError("--mode packed prices packed rows with the block model; use --mode static or dynamic")
     budget = _budget(args)
     if budget is None:
         raise UsageError("plan needs a budget: --gpu NAME or --budget-gib X")
@@ -258,11 +373,21 @@ def run(args: argparse.Namespace) -> int:
             "model); use --mode static or dynamic with --profile, or drop --profile"
         )
     gpu = gpu_from_args(args)
-    analytic = CostModel(model, gpu)
-    meta: dict[str, Any] = {"model": model.to_dict(), "gpu": None if gpu is None else gpu.name}
-    cost: CostModel | ProfiledCostModel = analytic
-    if args.profile is not None:
-        cost, meta["profile"] = _profiled(args.profile, analytic, gpu, model)
+    cost: CostModel | ProfiledCostModel | StagedLengthModel
+    staged_cost: StagedCostModel | None = None
+    if staged:
+        staged_cost = staged_cost_from_args(args)
+        spec = _staged_spec(args, staged_cost)
+        meta: dict[str, Any] = {"model": staged_record(staged_cost, args.hf_config)}
+    else:
+        spec = spec_from_args(args)
+        model = model_from_args(args)
+        analytic = CostModel(model, gpu)
+        meta = {"model": model.to_dict()}
+        cost = analytic
+        if args.profile is not None:
+            cost, meta["profile"] = _profiled(args.profile, analytic, gpu, model)
+    meta["gpu"] = None if gpu is None else gpu.name
     with tempfile.TemporaryDirectory(prefix="tokenbucket-plan-") as tmp:
         sources: list[str | Path] = args.metadata
         if args.lerobot is not None:
@@ -270,6 +395,8 @@ def run(args: argparse.Namespace) -> int:
             rows = Path(tmp) / "lerobot-rows.parquet"
             meta["lerobot"] = _lerobot_metadata(args, rows)
             sources = [rows]
+        if staged_cost is not None:
+            cost = _staged_length(args, staged_cost, spec, sources, meta["model"])
         manifest = _builder(args)(
             sources,
             spec,
@@ -286,9 +413,12 @@ def run(args: argparse.Namespace) -> int:
         )
     summary = manifest.summary()  # the manifest's own counts: invalid rows are rejected too
     if args.json:
-        print(json.dumps({**_plan_json(manifest.plan), "summary": summary}))
+        extra = {"staged": meta["model"]} if staged else {}
+        print(json.dumps({**_plan_json(manifest.plan), "summary": summary, **extra}))
     else:
         _print_plan(manifest.plan, summary)
+        if staged:
+            _print_staged(meta["model"])
         if args.profile is not None:
             low, high = meta["profile"]["lengths"]
             print(

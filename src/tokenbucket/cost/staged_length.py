@@ -1,0 +1,228 @@
+"""A staged model priced by LLM length alone: what the planner asks, for a padded length ``L``.
+
+The planner buckets samples by ``L_total`` (their LLM tokens). A staged model's memory also
+depends on how many of those tokens are image tokens: the vision tower runs on each image's
+pre-merge patches, so an image token costs the tower's activations on top of the backbone's.
+:class:`StagedLengthModel` prices the worst sample a bucket of bound ``L`` can hold: up to
+``vision_share x L`` image tokens, as whole images of ``image`` (H, W), the rest text
+(NOTE [ The worst sample of a length ]).
+
+Example:
+    >>> from tokenbucket.cost.hf_model import StagedModel
+    >>> from tokenbucket.cost.staged import StagedCostModel
+    >>> m = StagedLengthModel(StagedCostModel(StagedModel.preset("qwen2-vl-2b")), vision_share=0.5)
+    >>> m.image, m.image_tokens, m.sample(1024)
+    ((448, 448), 256, Sample(images=2, height=448, width=448, text_tokens=512))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.cost.gpus import GPU
+from tokenbucket.cost.memory import FlopsEstimate
+from tokenbucket.cost.staged import Sample, StagedCostModel, StagedEstimate
+from tokenbucket.tokens._hf_json import LLAVA_PINPOINTS
+from tokenbucket.tokens.breakdown import breakdown_table
+from tokenbucket.tokens.hf import image_tokens
+from tokenbucket.tokens.metadata import iter_metadata_batches
+from tokenbucket.tokens.spec import TokenSpec
+
+__all__ = ["MFU", "StagedLengthEstimate", "StagedLengthModel", "default_image", "measure_vision_share"]
+
+MFU = 0.4  # the share of the GPU's bf16 peak that step_seconds assumes
+_QWEN = ("qwen2_vl", "qwen2_5_vl")
+_VARIABLE = (*_QWEN, "llava_next", "idefics3", "smolvlm")  # image tokens depend on the image's size
+
+
+# NOTE [ The worst sample of a length ]
+# Memory grows with the LLM sequence and, at a fixed sequence, with the image tokens in it (an
+# image token costs the backbone and head like a text token, plus the tower over its patches).
+# So the worst sample of ``L`` tokens whose image share is at most ``s`` holds ``V = floor(s*L)``
+# image tokens and ``L - V`` text tokens. A Sample holds equal images only, so V is rounded to
+# whole images of ``image``, of ``T`` LLM tokens each:
+# - a fixed-size tower (LLaVA-1.5, PaliGemma, OpenVLA, pi0) gives every image exactly T tokens,
+#   so a real sample holds at most floor(V/T) images: the estimate is exact;
+# - a dynamic tower (Qwen2-VL: 4 pre-merge patches per LLM token at any size) or a tiling one
+#   (LLaVA-NeXT, Idefics3) rounds up, ceil(V/T) images with the text cut to what is left: the
+#   sequence may pass L by less than one image, so a bucket is priced up to T tokens high.
+# Both are monotone in L (images and the sequence never shrink as L grows) and in the batch.
+# ``vision_share=0`` (or a model without a tower) is the text-only sample of L tokens.
+
+
+def default_image(cost: StagedCostModel) -> tuple[int, int] | None:
+    """The image size the worst case assumes: the most LLM tokens one image gets at a realistic size.
+
+    A fixed-size tower: its own square (every size gives the same tokens). Qwen2-VL / Qwen2.5-VL:
+    448 x 448 (256 tokens; the processor would take up to ``max_pixels``, 1,280 tokens, but VLA
+    cameras run at 224-480 px, and a bigger image only widens the rounding of NOTE [ The worst
+    sample of a length ]). LLaVA-NeXT: the any-resolution pinpoint with the most tokens.
+    Idefics3 / SmolVLM: a square at the processor's longest edge (the most tiles). None without
+    a tower.
+    """
+    model = cost.model
+    if not model.vision:
+        return None
+    mt, cfg = model.model_type, cost.config
+    if mt in _QWEN:
+        return (448, 448)
+    if mt == "llava_next" and cfg is not None:
+        pins = cfg.config.get("image_grid_pinpoints") or LLAVA_PINPOINTS
+        best = max(pins, key=lambda hw: image_tokens(cfg, int(hw[0]), int(hw[1])))
+        return (int(best[0]), int(best[1]))
+    if mt in ("idefics3", "smolvlm") and cfg is not None:
+        size = cfg.preprocessor.get("size")
+        side = int(size.get("longest_edge", 4 * 364)) if isinstance(size, dict) else 4 * 364
+        return (side, side)
+    side = model.vision[0].image_size or model.vision[0].patch
+    return (side, side)
+
+
+@dataclass(frozen=True)
+class StagedLengthEstimate:
+    """The peak of ``batch`` worst samples of a length: ``total`` bytes per rank at ``phase``."""
+
+    total: int
+    phase: str
+    sample: Sample
+    estimate: StagedEstimate
+
+
+class StagedLengthModel:
+    """What the planner asks of a cost model (``memory``, ``max_batch``, ``flops``,
+    ``step_seconds`` at a padded length), answered by a :class:`StagedCostModel` for the worst
+    sample of that length (NOTE [ The worst sample of a length ]). Picklable (Ray ships it).
+
+    Args:
+        cost: the staged cost model (its GPU, if any, gives ``step_seconds``).
+        vision_share: the largest share of a sample's LLM tokens that are image tokens, in [0, 1].
+        image: the (height, width) of those images (default: :func:`default_image`).
+    """
+
+    def __init__(
+        self, cost: StagedCostModel, *, vision_share: float = 1.0, image: tuple[int, int] | None = None
+    ) -> None:
+        if not isinstance(cost, StagedCostModel):
+            raise ConfigError(f"cost should be a StagedCostModel, but got {type(cost).__name__}")
+        share = vision_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+            raise ConfigError(f"vision_share should be a number in [0, 1], but got vision_share={vision_share!r}")
+        if image is not None and not (
+            isinstance(image, tuple) and len(image) == 2 and all(type(v) is int and v >= 1 for v in image)
+        ):
+            raise ConfigError(f"image should be (height, width) in positive pixels, but got image={image!r}")
+        if share > 0 and not cost.model.vision:
+            raise ConfigError(f"vision_share={share} needs a vision tower, but {cost.model.name!r} has none")
+        self.cost, self.vision_share = cost, float(share)
+        self.image = image if image is not None else default_image(cost)
+        h, w = self.image or (0, 0)
+        self.image_tokens = cost.vision_inputs(Sample(images=1, height=h, width=w)).llm_tokens if self.image else 0
+        self._memo: dict[tuple[int, int], StagedLengthEstimate] = {}
+
+    def __repr__(self) -> str:
+        return f"StagedLengthModel({self.cost!r}, vision_share={self.vision_share}, image={self.image})"
+
+    @property
+    def gpu(self) -> GPU | None:
+        return self.cost.gpu
+
+    def sample(self, length: int) -> Sample:
+        """The worst sample of ``length`` LLM tokens (NOTE [ The worst sample of a length ])."""
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ConfigError(f"length should be a positive integer, but got length={length!r}")
+        # the relative nudge keeps a share measured as v/L from flooring to v - 1 at L
+        vision = min(length, math.floor(self.vision_share * length * (1 + 1e-12)))
+        t = self.image_tokens
+        if not t or not vision or self.image is None:
+            return Sample(text_tokens=length)
+        images = vision // t if self.cost.model.model_type not in _VARIABLE else -(-vision // t)
+        if not images:
+            return Sample(text_tokens=length)
+        h, w = self.image
+        return Sample(images=images, height=h, width=w, text_tokens=max(0, length - images * t))
+
+    def memory(self, batch: int, length: int) -> StagedLengthEstimate:
+        """The predicted peak per rank of ``batch`` worst samples of ``length`` tokens."""
+        key = (batch, length)
+        if key not in self._memo:
+            sample = self.sample(length)
+            est = self.cost.memory(batch, sample)
+            self._memo[key] = StagedLengthEstimate(est.peak_bytes, est.phase, sample, est)
+        return self._memo[key]
+
+    def max_batch(self, length: int, budget_bytes: int) -> int:
+        """The largest batch of worst samples of ``length`` that fits ``budget_bytes`` (0 if none)."""
+        return self.cost.max_batch(self.sample(length), budget_bytes)
+
+    def flops(self, batch: int, length: int) -> FlopsEstimate:
+        """Training FLOPs of one step on one rank (NOTE [ Staged FLOPs ])."""
+        sample = self.sample(length)
+        model, setup = self.cost.model, self.cost.setup
+        vi = self.cost.vision_inputs(sample)
+        seq = vi.llm_tokens * sample.images + sample.text_tokens
+        spec, b = model.backbone, batch
+        d_attn = spec.heads * model.head_dim
+        per_layer = 4 * b * seq * seq * d_attn
+        attention = spec.layers * per_layer
+        dense = 2 * b * seq * (spec.layers * model.decoder_layer_params + model.vocab * spec.hidden)
+        back = 2 if setup.train == "lora" else 3  # LoRA: input gradients only, no weight gradients
+        ckpt = int(setup.backbone_checkpointing == "full")
+        training_attention = int((back + 0.5) * attention) + ckpt * attention
+        training = (back + ckpt) * dense + training_attention
+        forward = dense + attention
+        passes = b * vi.tower_images * sample.images
+        if passes:
+            tokens = passes * vi.patches_per_image
+            v_dense = sum(2 * tokens * t.layers * t.layer_params for t in model.vision)
+            v_attn = sum(t.layers * 4 * passes * vi.patches_per_image**2 * t.hidden for t in model.vision)
+            v_dense += 2 * b * vi.llm_tokens * sample.images * (model.projector.params if model.projector else 0)
+            trains = setup.train == "full"
+            v_ckpt = int(trains and setup.vision_checkpointing == "full")
+            forward += v_dense + v_attn
+            training += (3 + v_ckpt if trains else 1) * v_dense + int((3.5 + v_ckpt if trains else 1) * v_attn)
+        if model.action_expert is not None:
+            a = 2 * b * model.action_expert.horizon * model.action_expert.params
+            forward, training = forward + a, training + 3 * a
+        return FlopsEstimate(
+            forward=forward, attention=attention, attention_per_layer=per_layer, training=int(training),
+            training_attention=training_attention,
+        )  # fmt: skip
+
+    def step_seconds(self, batch: int, length: int) -> float:
+        """Training FLOPs over the GPU's bf16 peak at ``MFU`` (40 %)."""
+        if self.cost.gpu is None:
+            raise ConfigError("step_seconds needs a GPU: StagedCostModel(model, setup, gpu='H100-SXM')")
+        return self.flops(batch, length).training / (self.cost.gpu.peak_flops("bf16") * MFU)
+
+
+# NOTE [ Staged FLOPs ]
+# For ranking plans, per rank: the backbone's matmuls 2 x (decoder params + the vocab head) per
+# LLM token plus attention 4 x S^2 x heads x head_dim per sample and layer; training is 3x the
+# matmuls (2x under LoRA: input gradients, no frozen-weight gradients) and 3.5x attention (2.5x
+# under LoRA; the half is the flash/sdpa recompute). The tower: 2 x block params per patch, attention per tower pass over its
+# own patches (4 x p^2 x hidden per layer), the projector over the image's LLM tokens; 3x / 3.5x
+# when the tower trains, forward only when frozen. Checkpointing adds one forward of its stage.
+
+
+def measure_vision_share(
+    sources: str | Path | Sequence[str | Path], spec: TokenSpec, *, batch_rows: int = 1_000_000
+) -> float:
+    """The largest ``vision / total`` over the samples of some metadata (invalid rows skipped:
+    the manifest refuses or rejects them itself), a record batch at a time; 0.0 for none."""
+    best = 0.0
+    for table in iter_metadata_batches(
+        sources, batch_rows=batch_rows, key=spec.columns.key, absent=spec.absent_as_zero()
+    ):
+        result = breakdown_table(table, spec, on_invalid="reject", check_keys=False)
+        total = np.asarray(result.table.column("total").to_numpy(), dtype=np.float64)
+        vision = np.asarray(result.table.column("vision").to_numpy(), dtype=np.float64)
+        ok = total > 0
+        if ok.any():
+            best = max(best, float((vision[ok] / total[ok]).max()))
+    return best
