@@ -12,22 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.test_cli_errors import cli
 from tokenbucket import ConfigError
 from tokenbucket._config import load_toml
-from tokenbucket.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = '{"cameras": 1, "frames": 1, "height": 480, "width": 640}'
 KNOWN = "known sections: [model], [tokens]"
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's usage errors
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def the_line(err: str) -> str:

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.test_cli_errors import cli, one_line_error, snapshot
+from tests.test_cli_staged import qwen2_vl_dir
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.gpus import get_gpu, gpu_budget_bytes
 from tokenbucket.cost.hf_model import StagedModel, load_hf_config
@@ -26,17 +27,7 @@ from tokenbucket.tokens.breakdown import breakdown_table
 from tokenbucket.tokens.hf import read_hf_config, token_spec_from_hf
 from tokenbucket.train.collate import TokenBucketDataset
 
-TRUTH = Path(__file__).parent / "data" / "hf_truth.json"
 BUDGET = gpu_budget_bytes(get_gpu("H100-SXM"))
-
-
-def qwen2_vl_dir(tmp_path: Path) -> Path:
-    """Qwen2-VL-2B's config.json, as transformers wrote it for the truth set."""
-    folder = tmp_path / "qwen2-vl-2b"
-    folder.mkdir()
-    config = json.loads(TRUTH.read_text())["configs"]["qwen2-vl-2b"]
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
 
 
 def metadata(tmp_path: Path, n: int = 120) -> tuple[Path, pa.Table]:
