@@ -223,7 +223,7 @@ def test_token_spec_from_hf_fields(tmp_path: Path) -> None:
     path, _ = _write(tmp_path, "qwen2_vl")
     (path / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 3136, "max_pixels": 1003520}))
     spec = token_spec_from_hf(path)
-    assert (spec.patch, spec.merge, spec.tubelet, spec.resize) == (14, 2, 2, "max_pixels")
+    assert (spec.patch, spec.merge, spec.tubelet, spec.resize) == (14, 2, 1, "max_pixels")  # NOTE [ Frames are images ]
     assert (spec.min_pixels, spec.max_pixels) == (3136, 1003520)
     out = transformers.Qwen2VLImageProcessor(min_pixels=3136, max_pixels=1003520)(_pixels(1080, 1920))
     assert image_tokens(path, 1080, 1920) == int(np.prod(out["image_grid_thw"][0])) // 4

@@ -32,15 +32,14 @@ BUDGET = gpu_budget_bytes(get_gpu("H100-SXM"))
 
 def metadata(tmp_path: Path, n: int = 120) -> tuple[Path, pa.Table]:
     """Half text-heavy (one small image, 500-3,000 text tokens), half vision-heavy (2-4 cameras at
-    224-448 px, 16-128 text tokens). One frame a camera: Qwen2-VL's spec merges frame pairs
-    (tubelet 2) while a staged Sample prices every frame as an image, so a row's own Sample is
-    exact only at one frame."""
+    224-448 px, 16-128 text tokens), 1-4 frames a camera (each frame an image: NOTE [ Frames are
+    images ])."""
     rng = random.Random(7)
     rows = []
     for i in range(n):
         side = rng.choice
         if i % 2:
-            rows.append({"key": f"v{i:03d}", "cameras": rng.randint(2, 4), "frames": 1, "height": side([224, 336, 448]),
+            rows.append({"key": f"v{i:03d}", "cameras": rng.randint(2, 4), "frames": rng.randint(1, 4), "height": side([224, 336, 448]),
                          "width": side([224, 336, 448]), "text_tokens": rng.randint(16, 128)})  # fmt: skip
         else:
             rows.append({"key": f"t{i:03d}", "cameras": 1, "frames": 1, "height": 224, "width": side([224, 448]),

@@ -87,6 +87,13 @@ def image_seq_len(cfg: HFConfig) -> int:
 def token_spec_from_hf(path: str | Path | HFConfig) -> TokenSpec:
     """The closest :class:`TokenSpec` to the model's own image processing (one image per camera frame).
 
+    NOTE [ Frames are images ]
+    A camera's frames are counted as that many images, the way a VLA hands them to the image
+    processor and the way :meth:`tokenbucket.cost.staged.Sample.video` prices them: Qwen2-VL's
+    image path repeats each image along time to fill its ``temporal_patch_size``, so an image is
+    one temporal slice. Fed as one video (``pixel_values_videos``), frame pairs merge and a clip
+    takes half the tokens; counting them as images is the safe side of that choice.
+
     Exact for Qwen2-VL / Qwen2.5-VL (``max_pixels``), LLaVA-1.5 and PaliGemma (fixed size). Not
     exact for LLaVA-NeXT (any-resolution grids) and Idefics3 / SmolVLM (tiles): see NOTE [ HF
     image tokens ]; use :func:`image_tokens` for those. Plain decoders get a text-only spec.
@@ -101,7 +108,7 @@ def token_spec_from_hf(path: str | Path | HFConfig) -> TokenSpec:
         return TokenSpec(
             patch=cfg.vision_int("patch_size"),
             merge=cfg.vision_int("spatial_merge_size"),
-            tubelet=cfg.vision_int("temporal_patch_size"),
+            tubelet=1,  # NOTE [ Frames are images ]
             resize="max_pixels",
             min_pixels=lo,
             max_pixels=hi,
