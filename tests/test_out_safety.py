@@ -237,3 +237,22 @@ def test_out_safety_our_temporary_name_on_a_users_file_is_left_alone(
     code, _ = plan(capsys, src, out)
     assert code == 0 and len(load_manifest(out)) == ROWS
     assert users.read_text() == "notes the user happened to name like this"
+
+
+def test_out_safety_a_killed_ray_builds_scratch_is_removed_a_users_look_alike_is_not(src: Path, tmp_path: Path) -> None:
+    """NOTE [ Safe output ]: the Ray engine's scratch directory of a dead build goes; one of our name
+    holding anything else, or of a live process, stays."""
+    dead, alive = _dead_pid(), os.getppid()
+    scratch = tmp_path / f".m.parquet.{dead}.k2_9xq0a.ray"
+    scratch.mkdir()
+    for name in ("000000-000000.arrow", "000001-000003.arrow"):
+        (scratch / name).write_bytes(b"ARROW1 half")
+    keep = [tmp_path / f".m.parquet.{dead}.abcdefgh.ray", tmp_path / f".m.parquet.{alive}.abcdefgh.ray"]
+    keep[0].mkdir()
+    (keep[0] / "notes.txt").write_text("a user's")  # our name, not our contents
+    keep[1].mkdir()
+    (keep[1] / "000000-000000.arrow").write_bytes(b"a live build's")
+    before = {k: v for k, v in snapshot(tmp_path).items() if not k.startswith(scratch.name)}
+    build_manifest(src, SPEC, COST, tmp_path / "m.parquet", budget_bytes=BUDGET, on_oversize="reject")
+    assert not scratch.exists()
+    assert {k: v for k, v in snapshot(tmp_path).items() if k != "m.parquet"} == before

@@ -14,7 +14,9 @@ Building a manifest never deletes or overwrites what tokenbucket did not create:
   in between.)
 - A killed build leaves its temporary behind. The next build for the same ``out`` removes the
   temporaries of that pattern whose process is gone (and puts a parked old manifest back if the
-  kill fell between the two renames); no other file is touched.
+  kill fell between the two renames); no other file is touched. The Ray engine's scratch
+  directory, ``.{name}.{pid}.{random}.ray`` holding only its ``NNNNNN-NNNNNN.arrow`` batch files,
+  is cleared the same way.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ __all__ = [
 MANIFEST_FORMAT = 2  # 2: the content hash covers every column, the plan and the token spec
 META_KEY = b"tokenbucket"
 _PART = re.compile(r"part-\d+\.parquet")
+_SCRATCH = re.compile(r"\d{6}-\d{6}\.arrow")  # the Ray engine's batch files
 
 
 # -- the content hash ------------------------------------------------------------------------
@@ -334,12 +337,19 @@ def _clear_stale(out: Path) -> None:
     """Remove the temporaries a killed build for ``out`` left (NOTE [ Safe output ]); nothing else."""
     if os.name != "posix":  # signal 0 probes a process only on POSIX
         return
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.(\d+)\.(tmp|old)")
+    name = re.escape(out.name)
+    pattern = re.compile(rf"\.{name}\.(\d+)\.(tmp|old)")
+    scratch = re.compile(rf"\.{name}\.(\d+)\.[a-z0-9_]{{8}}\.ray")  # tempfile.mkdtemp's name
     found = []
     for entry in os.scandir(out.parent):
         match = pattern.fullmatch(entry.name)
         if match and not entry.is_symlink() and not _alive(int(match.group(1))):
             found.append((match.group(2), Path(entry.path)))
+        ray = scratch.fullmatch(entry.name)
+        if ray and entry.is_dir(follow_symlinks=False) and not _alive(int(ray.group(1))):
+            files = list(os.scandir(entry.path))
+            if all(_SCRATCH.fullmatch(f.name) and f.is_file(follow_symlinks=False) for f in files):
+                shutil.rmtree(entry.path)  # only the Ray engine's batch files: its scratch directory
     for kind, path in sorted(found, key=lambda f: f[0] != "old"):  # parked old ones first
         if kind == "old":
             if not _is_manifest(path):
