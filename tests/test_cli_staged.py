@@ -132,3 +132,11 @@ def test_ledger_worked_example_for_qwen2_vl_2b(capsys: pytest.CaptureFixture[str
     code, _, err = cli(capsys, "ledger", "--preset", "qwen2-vl-2b", "--sample", sample, "--whatif", "frames=32")
     assert code == 2
     one_line_error(err, "--whatif")
+
+
+def test_cost_setup_errors_are_in_the_flags_words(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--preset", "qwen2-vl-2b", "--sample", SAMPLE, "--batch", "1", "--sharding", "none", "--world-size", "8"]
+    code, _, err = cli(capsys, "cost", *argv)
+    assert code == 2
+    line = one_line_error(err, "--world-size 8", "--sharding 'none'")
+    assert "----" not in line and "world_size" not in line

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,7 @@ def is_staged(args: argparse.Namespace) -> bool:
     return args.hf_config is not None or (args.preset is not None and args.preset in STAGED_PRESETS)
 
 
+_SETUP_NAME = re.compile(r"(?<![\w-])(world_size|lora_rank|sharding|train)(=?)")
 _BLOCK_FLAGS = ("hidden", "layers", "heads", "kv_heads", "mlp_ratio", "gated_mlp", "window", "extra_params")
 
 
@@ -142,11 +144,11 @@ def staged_record(cost: StagedCostModel, hf_config: Path | None) -> dict[str, An
 
 def _as_flags(message: str) -> str:
     """A TrainSetup message in the flags' words (``world_size=2`` -> ``--world-size 2``)."""
-    for name in ("world_size", "lora_rank", "sharding", "train"):
-        message = message.replace(f"{name}=", f"--{name.replace('_', '-')} ").replace(
-            name, f"--{name.replace('_', '-')}"
-        )
-    return message
+
+    def flag(match: re.Match[str]) -> str:
+        return "--" + match[1].replace("_", "-") + (" " if match[2] else "")
+
+    return _SETUP_NAME.sub(flag, message)
 
 
 def sample_from_args(text: str) -> Sample:
