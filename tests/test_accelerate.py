@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ pytest.importorskip("accelerate")
 
 from accelerate import Accelerator
 
+from tests.test_sampler import free_port
 from tokenbucket import ConfigError
 from tokenbucket.train.accelerate import check_not_resharded, prepare_loader, tracker_sink
 from tokenbucket.train.batch import Batch
@@ -99,16 +99,10 @@ def _worker(rank: int, port: int, out: str, before: bool, ckpt: str) -> None:
     accelerator.end_training()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("before", [False, True], ids=["loader-after", "loader-before"])
 def test_accelerate_gloo_two_ranks_every_sample_once_and_exact_resume(tmp_path: Path, before: bool) -> None:
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path), before, str(tmp_path / "ckpt")), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path), before, str(tmp_path / "ckpt")), nprocs=2, join=True)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in ranks:
         assert "prepare_loader(accelerator, loader)" in r["caught"]

@@ -8,7 +8,6 @@ import importlib
 import json
 import os
 import shutil
-import socket
 import sys
 from collections import Counter
 from pathlib import Path
@@ -22,6 +21,7 @@ pytest.importorskip("transformers")
 
 import transformers
 
+from tests.test_sampler import free_port
 from tokenbucket import ConfigError, StateError
 from tokenbucket.monitor.hooks import BucketMonitor
 from tokenbucket.train.hf_trainer import STATE_FILE, BucketTrainer, monitor_file
@@ -76,14 +76,8 @@ def _worker(rank: int, port: int, out: str, stop: int | None, ckpt: str | None, 
     torch.distributed.barrier()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _spawn(out: Path, tag: str, *, stop: int | None = None, ckpt: str | None = None) -> list[list[dict[str, Any]]]:
-    mp.spawn(_worker, args=(_free_port(), str(out), stop, ckpt, tag), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), str(out), stop, ckpt, tag), nprocs=2, join=True)
     return [[json.loads(line) for line in (out / f"{tag}_{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
 
 

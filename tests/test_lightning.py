@@ -52,8 +52,16 @@ class Recorder(example.Denoiser):  # type: ignore[misc,name-defined]
 
 
 def _fit(
-    out: Path, tag: str, *, ckpt: str | None = None, stop: int | None = None, distributed_sampler: bool = False
+    out: Path,
+    tag: str,
+    *,
+    ckpt: str | None = None,
+    stop: int | None = None,
+    distributed_sampler: bool = False,
+    devices: int = 2,
 ) -> None:
+    """``fit`` 2 epochs on ``devices`` CPU processes (ddp_spawn for more than one); with ``stop``,
+    Lightning's checkpoint ``out/ckpt/stop.ckpt`` after that many steps, and the run ends there."""
     data, collate, _ = example.build(N)
     sampler = data.sampler(seed=3)  # built before the process group (NOTE [ Rank at iteration ])
     loader = DataLoader(data, batch_sampler=sampler, collate_fn=collate)
@@ -66,8 +74,8 @@ def _fit(
         )
     trainer = lightning.Trainer(
         accelerator="cpu",
-        devices=2,
-        strategy="ddp_spawn",
+        devices=devices,
+        strategy="ddp_spawn" if devices > 1 else "auto",
         use_distributed_sampler=distributed_sampler,
         max_epochs=2,
         max_steps=stop if stop is not None else -1,
@@ -148,28 +156,7 @@ def test_lightning_find_sampler_through_wrappers_and_its_error() -> None:
 def test_lightning_one_process_set_epoch_and_exact_resume(tmp_path: Path) -> None:
     # one process, in this interpreter: epoch order changes, and a resume from a mid-epoch checkpoint is exact
     def run(tag: str, *, stop: int | None = None, ckpt: str | None = None) -> list[dict[str, Any]]:
-        data, collate, _ = example.build(N)
-        sampler = data.sampler(seed=1)
-        loader = DataLoader(data, batch_sampler=sampler, collate_fn=collate)
-        callbacks: list[lightning.Callback] = [BucketSamplerCallback(sampler)]
-        if stop is not None:
-            callbacks.append(
-                lightning.pytorch.callbacks.ModelCheckpoint(
-                    dirpath=tmp_path / "ckpt", filename="one", every_n_train_steps=stop, save_top_k=-1
-                )
-            )
-        trainer = lightning.Trainer(
-            accelerator="cpu",
-            devices=1,
-            max_epochs=2,
-            max_steps=stop if stop is not None else -1,
-            callbacks=callbacks,
-            logger=False,
-            enable_checkpointing=stop is not None,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
-        trainer.fit(Recorder(str(tmp_path), tag), loader, ckpt_path=ckpt)
+        _fit(tmp_path, tag, stop=stop, ckpt=ckpt, devices=1)
         return _read(tmp_path, tag, 0)
 
     full = run("one_full")
@@ -179,7 +166,7 @@ def test_lightning_one_process_set_epoch_and_exact_resume(tmp_path: Path) -> Non
         assert sorted(i for batch in ids for i in batch) == list(range(N))
     stop = len(epochs[0]) // 2
     first = run("one_first", stop=stop)
-    resumed = run("one_resumed", ckpt=str(tmp_path / "ckpt" / "one.ckpt"))
+    resumed = run("one_resumed", ckpt=str(tmp_path / "ckpt" / "stop.ckpt"))
     assert len(first) == stop and first + resumed == full
 
 

@@ -49,6 +49,7 @@ from tokenbucket._search import grow_then_bisect
 from tokenbucket.cost._stage_units import BF16, Unit, build_units
 from tokenbucket.cost.gpus import GPU, get_gpu
 from tokenbucket.cost.hf_model import StagedModel, staged_from_config
+from tokenbucket.cost.model import _positive
 from tokenbucket.tokens._hf_json import HFConfig
 from tokenbucket.tokens.hf import VisionInputs, vision_inputs
 
@@ -60,12 +61,6 @@ _TRAIN = ("full", "frozen-vision", "lora")
 _SHARDING = ("none", "ddp", "fsdp", "zero2", "zero3")
 _OPTIMIZER = ("adamw", "sgd", "none")
 _CKPT = ("none", "full")
-
-
-def _positive(name: str, value: object, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ConfigError(f"{name} should be {kind}, but got {name}={value!r}")
 
 
 def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
