@@ -21,9 +21,11 @@ the global peak is the one stock ``MemTracker`` reports, ~5x faster.
 
 NOTE [ Real bookkeeping tensors ]
 Qwen2-VL and LLaVA-NeXT read their image grids on the host (``grid_thw.tolist()``,
-``cu_seqlens`` split sizes). Fake tensors have no data, so those inputs stay real tensors, and
-``_RealOps`` runs any op whose tensor inputs are all real on the real tensors (a few KiB, not
-counted). Everything with a fake input stays fake. The 3-D rope positions of Qwen2-VL are
+``cu_seqlens`` split sizes; Qwen2.5-VL's window index too), and Idefics3 (SmolVLM) reads its pixels and pixel mask to drop
+padding tiles and place each patch's position. Fake tensors have no data, so those inputs stay
+real tensors, and ``_RealOps`` runs any op whose tensor inputs are all real on the real tensors
+(not counted; SmolVLM's real pixels are stood in for by a fake tensor of their size held through
+the step, as every other arch's fake pixels are). Everything with a fake input stays fake. The 3-D rope positions of Qwen2-VL are
 computed from the real ``input_ids`` before the fake step and passed in.
 """
 
@@ -436,6 +438,27 @@ def _no_adapter_move() -> Iterator[None]:
         torch.nn.Module.to = orig  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _host_window_index() -> Iterator[None]:
+    """Qwen2.5-VL's window index, built from the real grid on the host (NOTE [ Real bookkeeping tensors ]).
+
+    It starts from ``torch.arange``, a factory with no tensor input, so under fake mode it would
+    come out fake and its ``!= -100`` mask could not select."""
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as mod
+
+    orig = mod.get_vision_window_index
+
+    def on_host(*args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():
+            return orig(*args, **kwargs)
+
+    mod.get_vision_window_index = on_host
+    try:
+        yield
+    finally:
+        mod.get_vision_window_index = orig
+
+
 def _layer_lists(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Decoder layers and vision blocks: the children of every ``layers``/``blocks`` ModuleList."""
     out: list[torch.nn.Module] = []
@@ -463,7 +486,7 @@ def _build_model(name: str, config: Any, train: str) -> tuple[torch.nn.Module, l
         if train == "lora":
             targets: str | list[str] = list(LORA_TARGETS)
             if vision is not None:  # the LLM's projections only
-                targets = r".*language_model.*\.(" + "|".join(LORA_TARGETS) + ")"
+                targets = r".*(language_model|text_model).*\.(" + "|".join(LORA_TARGETS) + ")"
             lora = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets)
             # NOTE [ peft under fake mode ]: peft moves each new adapter to its base layer's device
             # with ``.to()``, which swaps fake tensors and fails; here everything is on cpu already
@@ -505,10 +528,11 @@ def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[st
             crops, _ = _next_patches(config, h, w)
             real["image_sizes"] = torch.tensor([[h, w]] * (images * batch), dtype=torch.long)
             fake["pixel_values"] = ((images * batch, crops, 3, 336, 336), torch.bfloat16)
-        elif name == "smolvlm-256m":
+        elif name == "smolvlm-256m":  # NOTE [ Real bookkeeping tensors ]: Idefics3 reads its pixels
             tiles = _smol_tiles(h, w) * images
-            fake["pixel_values"] = ((batch, tiles, 3, 512, 512), torch.bfloat16)
-            fake["pixel_attention_mask"] = ((batch, tiles, 512, 512), torch.bool)
+            real["pixel_values"] = torch.ones((batch, tiles, 3, 512, 512), dtype=torch.bfloat16)
+            real["pixel_attention_mask"] = torch.ones((batch, tiles, 512, 512), dtype=torch.bool)
+            fake["_pixels_held"] = ((batch, tiles, 3, 512, 512), torch.bfloat16)  # their bytes, counted
         else:
             size = config.vision_config.image_size
             fake["pixel_values"] = ((images * batch, 3, size, size), torch.bfloat16)
@@ -537,7 +561,7 @@ def _step(
     model: torch.nn.Module, inputs: dict[str, Any], opt: torch.optim.Optimizer, mark: Callable[[str], None]
 ) -> None:
     mark("forward")
-    loss = model(**inputs).loss
+    loss = model(**{k: v for k, v in inputs.items() if not k.startswith("_")}).loss
     mark("backward")
     loss.backward()
     del loss
@@ -573,7 +597,7 @@ def measure(
     config = build_config(name)
     fields = shape if isinstance(shape, dict) else shape_record(name, shape, config)
     real, fake_specs = _real_inputs(name, config, fields)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _host_window_index():
         warnings.simplefilter("ignore")
         if sharding == "fsdp8":
             out = _measure_fsdp(name, config, train, real, fake_specs, steps)

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "tokenbucket"
 
 # bottom to top; the top-level package (the public API) sits above them all
 STAGES = ("_base", "tokens", "cost", "plan", "train", "stream", "monitor", "cli")
-BASE_MODULES = ("_exceptions", "_values", "_search", "_config", "_progress", "testing")
+BASE_MODULES = ("_exceptions", "_values", "_arrays", "_search", "_config", "_progress", "testing")
 MAX_DEFERRED = 5
 # modules that import an optional dependency at their top (ray, lightning, accelerate, transformers)
 OPTIONAL_MODULES = (

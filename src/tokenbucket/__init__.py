@@ -1,7 +1,8 @@
 """tokenbucket: memory-safe shape buckets for multi-camera video and VLA training.
 
 One subpackage per stage; each imports only the stages above it in this map (tests/test_layout.py
-enforces it), and ``_exceptions``, ``_values``, ``_search`` and ``_config`` sit under them all::
+enforces it), and ``_exceptions``, ``_values`` (with ``_arrays``, its vectorised half), ``_search``
+and ``_config`` sit under them all::
 
     tokens/    what a sample costs in tokens: TokenSpec, metadata readers, the breakdown, LeRobot
        ▼

@@ -6,19 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
-
-import numpy as np
-import numpy.typing as npt
+from typing import Any, TypeVar
 
 from tokenbucket._config import json_object, load_toml
 from tokenbucket._exceptions import ConfigError, UsageError
 from tokenbucket.cost.gpus import GIB, GPU, get_gpu, gpu_budget_bytes
 from tokenbucket.cost.model import ModelSpec
-from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.tokens.spec import TokenSpec
 
 T = TypeVar("T")
@@ -338,73 +333,6 @@ def _sample_arg(text: str) -> dict[str, Any]:
     return _json_object_arg(text, "--sample")
 
 
-def _print_summary(summary: dict[str, Any], source: str, out: TextIO | None = None) -> None:
-    out = out or sys.stdout
-    print(
-        f"{source}: {summary['count']:,} samples, {summary['rejected']:,} rejected, {summary['tokens']:,} tokens",
-        file=out,
-    )
-    if summary["count"]:
-        print(
-            "L_total   "
-            + "  ".join(f"{k}={summary[k]:,}" for k in ("min", "p50", "p90", "p99", "max"))
-            + f"  mean={summary['mean']:,.0f}",
-            file=out,
-        )
-    print("share     " + "  ".join(f"{k} {v:6.1%}" for k, v in summary["share"].items()), file=out)
-
-
-def _plan_json(plan: BucketPlan) -> dict[str, Any]:
-    return {
-        "budget_bytes": plan.budget_bytes,
-        "mode": plan.mode,
-        "buckets": [
-            {
-                "bound": b.bound,
-                "batch_size": b.batch_size,
-                "samples": b.samples,
-                "batches": b.batches,
-                "predicted_peak_bytes": b.predicted_peak_bytes,
-                "fill": b.fill,
-                "padding_efficiency": b.padding_efficiency,
-                "step_seconds": b.step_seconds,
-            }
-            for b in plan.buckets
-        ],
-        "summary": plan.summary(),
-        "oversize": plan.oversize,
-    }
-
-
-def _print_plan(plan: BucketPlan, counts: Mapping[str, int] | None = None) -> None:
-    """The bucket table and a summary line; ``counts`` (a manifest's ``summary()``: ``samples``,
-    ``rejected`` and ``invalid`` as written) replace the plan's own."""
-    print(
-        f"{'bucket':>6} {'bound':>8} {'batch':>6} {'samples':>9} {'batches':>8} {'peak':>11} {'fill':>6} "
-        f"{'padding eff':>12} {'step ms':>9}"
-    )
-    for k, b in enumerate(plan.buckets):
-        print(
-            f"{k:>6} {b.bound:>8,} {b.batch_size:>6} {b.samples:>9,} {b.batches:>8,} {_gib(b.predicted_peak_bytes):>11} "
-            f"{b.fill:>6.1%} {b.padding_efficiency:>12.1%} {b.step_seconds * 1e3:>9.1f}"
-        )
-    s = {**plan.summary(), **(counts or {})}
-    invalid = f", {s['invalid']:,} of them invalid rows" if s.get("invalid") else ""
-    shapes = s["shapes"] if s["shapes"] is not None else "dynamic"
-    print(
-        f"{s['samples']:,} samples in {s['batches']:,} batches, {shapes} shapes, padding efficiency "
-        f"{s['padding_efficiency']:.1%}, mean fill {s['mean_fill']:.1%}, predicted epoch "
-        f"{s['predicted_epoch_seconds'] / 3600:,.2f} h, over budget: {s['over_budget_batches']}; "
-        f"rejected {s['rejected']:,}{invalid} (budget {_gib(plan.budget_bytes)})"
-    )
-    if plan.oversize:
-        o = plan.oversize
-        print(
-            f"oversize: {o['count']:,} samples longer than {o['longest_fitting']:,} tokens (the largest, "
-            f"{o['largest']:,} tokens, needs {_gib(o['largest_bytes'])} alone)"
-        )
-
-
 def _json_object_arg(text: str, flag: str) -> dict[str, Any]:
     """A flag's JSON object, given inline or as ``@file.json``."""
     source = f"{flag} {text if len(text) <= 80 else text[:60] + ' ...'!r}"
@@ -416,17 +344,6 @@ def _json_object_arg(text: str, flag: str) -> dict[str, Any]:
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read {source}: {exc}") from None
     return json_object(text, source)
-
-
-def _histogram(totals: npt.NDArray[np.integer[Any]], width: int = 40) -> str:
-    edges = 2 ** np.arange(int(np.log2(max(totals.min(), 1))), int(np.ceil(np.log2(totals.max() + 1))) + 1)
-    counts, _ = np.histogram(totals, bins=edges)
-    peak = counts.max()
-    lines = []
-    for lo, hi, c in zip(edges[:-1], edges[1:], counts, strict=True):
-        bar = "#" * max(1 if c else 0, round(width * c / peak))
-        lines.append(f"  {int(lo):>8,} - {int(hi) - 1:>8,}  {c:>9,}  {bar}")
-    return "\n".join(lines)
 
 
 def progress_from_args(args: argparse.Namespace) -> bool | None:

@@ -24,7 +24,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from tokenbucket._exceptions import ConfigError, UsageError
-from tokenbucket.cli._common import _gib, _histogram, _print_plan, _print_summary, positive_int
+from tokenbucket.cli._common import _gib, positive_int
+from tokenbucket.cli._tables import _histogram, _print_plan, _print_summary
 from tokenbucket.cost.gpus import gpu_budget_bytes
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.model import ModelSpec

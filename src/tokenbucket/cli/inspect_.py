@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tokenbucket.cli._common import _histogram, _plan_json, _print_plan
+from tokenbucket.cli._tables import _histogram, _plan_json, _print_plan
 from tokenbucket.monitor.report import pyplot
 from tokenbucket.plan.manifest import Manifest, load_manifest
 

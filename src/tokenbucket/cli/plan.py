@@ -35,8 +35,6 @@ from tokenbucket.cli._common import (
     _finite,
     _json_object_arg,
     _pairs,
-    _plan_json,
-    _print_plan,
     gpu_from_args,
     model_from_args,
     positive_float,
@@ -51,6 +49,7 @@ from tokenbucket.cli._staged import (
     staged_record,
     staged_token_spec,
 )
+from tokenbucket.cli._tables import _plan_json, _print_plan
 from tokenbucket.cost.gpus import GPU
 from tokenbucket.cost.measured import MeasuredCostModel, ProfiledCostModel, read_profile
 from tokenbucket.cost.memory import CostModel

@@ -10,7 +10,8 @@ import argparse
 import json
 
 from tokenbucket._exceptions import UsageError
-from tokenbucket.cli._common import _add_spec_flags, _print_summary, _sample_arg, spec_from_args
+from tokenbucket.cli._common import _add_spec_flags, _sample_arg, spec_from_args
+from tokenbucket.cli._tables import _print_summary
 from tokenbucket.tokens.breakdown import breakdown_sample, breakdown_table
 from tokenbucket.tokens.metadata import read_metadata
 

@@ -6,7 +6,6 @@ runs both paths; the shared reasons and check order live here so both report ali
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import overload
 
@@ -14,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tokenbucket import _arrays as A
 from tokenbucket import _values as V
 from tokenbucket._exceptions import (
     DuplicateKeyError,
@@ -21,7 +21,7 @@ from tokenbucket._exceptions import (
     InvalidValueError,
     MissingColumnError,
 )
-from tokenbucket.tokens.spec import CameraSpec, TokenSpec
+from tokenbucket.tokens.spec import CameraSpec, TokenSpec, _ceil_div
 
 R_DUPLICATE = "should be unique"
 R_TOO_SMALL = "is smaller than one patch under resize='crop'"
@@ -51,50 +51,6 @@ def _column(table: pa.Table, name: str) -> pa.ChunkedArray:
 
 
 # -- one camera: the formulas, twice (Python ints, then NumPy arrays) --------------------------
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _spatial_py(cs: CameraSpec, h: int, w: int) -> tuple[int, str | None]:
-    """Spatial tokens per frame; or ``(0, "height"|"width")`` when too small under crop."""
-    p, m = cs.patch, cs.merge
-    if cs.resize == "crop":
-        gh, gw = (h // p) // m, (w // p) // m
-        if gh == 0:
-            return 0, "height"
-        if gw == 0:
-            return 0, "width"
-        return gh * gw, None
-    if cs.resize == "max_pixels":
-        if cs.max_pixels is None:  # CameraSpec.__post_init__ guarantees it
-            raise AssertionError("cs.max_pixels is unset")
-        factor = p * m
-        hb = max(factor, round(h / factor) * factor)
-        wb = max(factor, round(w / factor) * factor)
-        if hb * wb > cs.max_pixels:
-            beta = math.sqrt(h * w / cs.max_pixels)
-            hb = max(factor, math.floor(h / beta / factor) * factor)
-            wb = max(factor, math.floor(w / beta / factor) * factor)
-        elif hb * wb < cs.min_pixels:
-            beta = math.sqrt(cs.min_pixels / (h * w))
-            hb = math.ceil(h * beta / factor) * factor
-            wb = math.ceil(w * beta / factor) * factor
-        return (hb // factor) * (wb // factor), None
-    if cs.resize == "fixed":
-        if cs.fixed_size is None:  # CameraSpec.__post_init__ guarantees it
-            raise AssertionError("cs.fixed_size is unset")
-        h, w = cs.fixed_size
-    return _ceil_div(_ceil_div(h, p), m) * _ceil_div(_ceil_div(w, p), m), None
-
-
-def _temporal_py(cs: CameraSpec, frames: int) -> int:
-    if cs.tokens_per_frame is not None:
-        return frames
-    if cs.causal_first_frame:
-        return 1 + _ceil_div(frames - 1, cs.tubelet)
-    return _ceil_div(frames, cs.tubelet)
 
 
 def _ceil_div_np(a: np.ndarray, b: int) -> np.ndarray:
@@ -174,13 +130,13 @@ def _slot_positions(spec: TokenSpec, limit: int) -> dict[int, CameraSpec]:
 
 
 def _vision_flat(
-    table: pa.Table, spec: TokenSpec, problems: V.Problems, per_camera: bool
+    table: pa.Table, spec: TokenSpec, problems: A.Problems, per_camera: bool
 ) -> tuple[np.ndarray, pa.Array | None]:
     cols = spec.columns
-    cams = V.check_array(_column(table, cols.cameras), 0, V.MAX_CAMERAS, problems, _P_CAMERAS, cols.cameras)
-    f = V.check_array(_column(table, cols.frames), 1, V.MAX_FRAMES, problems, _P_FLAT["frames"], cols.frames)
-    h = V.check_array(_column(table, cols.height), 1, V.MAX_SIDE, problems, _P_FLAT["height"], cols.height)
-    w = V.check_array(_column(table, cols.width), 1, V.MAX_SIDE, problems, _P_FLAT["width"], cols.width)
+    cams = A.check_array(_column(table, cols.cameras), 0, V.MAX_CAMERAS, problems, _P_CAMERAS, cols.cameras)
+    f = A.check_array(_column(table, cols.frames), 1, V.MAX_FRAMES, problems, _P_FLAT["frames"], cols.frames)
+    h = A.check_array(_column(table, cols.height), 1, V.MAX_SIDE, problems, _P_FLAT["height"], cols.height)
+    w = A.check_array(_column(table, cols.width), 1, V.MAX_SIDE, problems, _P_FLAT["width"], cols.width)
     if spec.camera_slots is not None:
         over = np.flatnonzero(cams > spec.camera_slots)
         problems.add(over, _P_CAMERAS, R_TOO_MANY_CAMERAS, cols.cameras, lambda i: int(cams[over[i]]))
@@ -213,7 +169,7 @@ def _vision_flat(
 
 
 def _report_small(
-    problems: V.Problems,
+    problems: A.Problems,
     spec: TokenSpec,
     small_h: np.ndarray | None,
     small_w: np.ndarray | None,
@@ -246,7 +202,7 @@ def _element_tokens(
     f: np.ndarray,
     h: np.ndarray,
     w: np.ndarray,
-    problems: V.Problems,
+    problems: A.Problems,
     parent: np.ndarray,
     labels: Callable[[int, str], str] | None,
 ) -> np.ndarray:
@@ -277,7 +233,7 @@ def _element_tokens(
 
 
 def _vision_list(
-    cams: pa.Array, spec: TokenSpec, problems: V.Problems, per_camera: bool
+    cams: pa.Array, spec: TokenSpec, problems: A.Problems, per_camera: bool
 ) -> tuple[np.ndarray, pa.Array | None, np.ndarray]:
     cols = spec.columns
     n = len(cams)
@@ -304,7 +260,7 @@ def _vision_list(
             raise MissingColumnError(f"{cols.cameras}[].{fld}", sorted(present))
         field_arr = pc.struct_field(values, fld)  # a null struct's fields read as null
         label_list = _LazyLabels(pos, cols.cameras, fld)
-        dims.append(V.check_array(field_arr, 1, hi, problems, _P_ELEMENT + 4 * pos + fi, label_list, rows=parent))
+        dims.append(A.check_array(field_arr, 1, hi, problems, _P_ELEMENT + 4 * pos + fi, label_list, rows=parent))
     f, h, w = dims
 
     if spec.camera_slots is not None:

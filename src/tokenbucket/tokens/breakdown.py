@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tokenbucket import _arrays as A
 from tokenbucket import _values as V
 from tokenbucket._exceptions import (
     ConfigError,
@@ -46,12 +47,10 @@ from tokenbucket.tokens._vision import (
     R_TOO_MANY_CAMERAS,
     R_TOO_SMALL,
     _column,
-    _spatial_py,
-    _temporal_py,
     _vision_flat,
     _vision_list,
 )
-from tokenbucket.tokens.spec import MODALITIES, TokenSpec
+from tokenbucket.tokens.spec import MODALITIES, TokenSpec, _camera_py
 
 __all__ = [
     "R_DUPLICATE",
@@ -202,18 +201,12 @@ def breakdown_sample(sample: Mapping[str, Any], spec: TokenSpec, *, index: int |
 
     cameras = []
     for j, (name, f, h, w, empty) in enumerate(shapes):
-        cs = spec.camera_spec(name)
-        if cs.tokens_per_frame is not None:
-            spatial = cs.tokens_per_frame
-        else:
-            spatial, small = _spatial_py(cs, h, w)
-            if small is not None:
-                is_list = isinstance(cams_value, (list, tuple))
-                src = 0 if empty else j
-                label = f"{cols.cameras}[{src}].{getattr(cols, small)}" if is_list else getattr(cols, small)
-                raise row.fail(R_TOO_SMALL, label, h if small == "height" else w)
-        temporal = _temporal_py(cs, f)
-        tokens = temporal * (spatial + cs.special_per_frame) + cs.special_per_camera
+        temporal, spatial, tokens, small = _camera_py(spec.camera_spec(name), f, h, w)
+        if small is not None:
+            is_list = isinstance(cams_value, (list, tuple))
+            src = 0 if empty else j
+            label = f"{cols.cameras}[{src}].{getattr(cols, small)}" if is_list else getattr(cols, small)
+            raise row.fail(R_TOO_SMALL, label, h if small == "height" else w)
         cameras.append(CameraTokens(name, f, h, w, temporal, spatial, tokens, empty))
 
     counts: dict[str, int] = {}
@@ -361,7 +354,7 @@ def breakdown_table(
         table = pa.table(dict(table))
     cols = spec.columns
     n = table.num_rows
-    problems = V.Problems()
+    problems = A.Problems()
 
     # keys
     if cols.key is not None:
@@ -402,7 +395,7 @@ def breakdown_table(
                 raise MissingColumnError(rule.column, table.column_names)
             continue
         if rule.column not in checked:
-            checked[rule.column] = V.check_array(
+            checked[rule.column] = A.check_array(
                 table.column(rule.column), 0, V.MAX_TOKENS, problems, _P_RULE + r, rule.column
             )
         counts[name] = checked[rule.column] * rule.tokens_per_unit
@@ -463,7 +456,7 @@ def breakdown_table(
     return Breakdowns(table=result, rejected=rejected)
 
 
-def _utf8_keys(keys: pa.Array, problems: V.Problems, column: str) -> pa.Array:
+def _utf8_keys(keys: pa.Array, problems: A.Problems, column: str) -> pa.Array:
     """``keys`` as they are when every one is valid UTF-8 (one validation pass); else the bad ones
     are reported and shown with their bytes escaped (a reader such as Parquet or Arrow's JSON does
     not check them, and a key that cannot be decoded could not be named, saved or looked up)."""
@@ -514,6 +507,6 @@ def duplicate_rows(keys: pa.Array) -> np.ndarray:
     return np.flatnonzero(dup)
 
 
-def _check_unique(key_arr: pa.Array, problems: V.Problems, column: str) -> None:
+def _check_unique(key_arr: pa.Array, problems: A.Problems, column: str) -> None:
     idx = duplicate_rows(key_arr)
     problems.add(idx, _P_KEY + 1, R_DUPLICATE, column, lambda i: key_arr[int(idx[i])].as_py())

@@ -29,8 +29,7 @@ from tokenbucket.tokens._hf_json import (
     HFConfig,
     read_hf_config,
 )
-from tokenbucket.tokens.breakdown import breakdown_sample
-from tokenbucket.tokens.spec import CountRule, TokenSpec
+from tokenbucket.tokens.spec import CountRule, TokenSpec, _camera_py
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -237,7 +236,10 @@ def image_tokens(config: str | Path | HFConfig, height: int, width: int) -> int:
         if min(height, width) < factor:
             raise ConfigError(f"an image of {height}x{width} is smaller than one merged patch ({factor} px)")
     spec = token_spec_from_hf(cfg)
-    return int(breakdown_sample({"cameras": 1, "frames": 1, "height": height, "width": width}, spec).vision)
+    _, _, tokens, small = _camera_py(spec.camera_spec(spec.slot_name(0)), 1, height, width)
+    if small is not None:
+        raise ConfigError(f"an image of {height}x{width} has no whole patch along its {small}")
+    return tokens
 
 
 @dataclass(frozen=True)

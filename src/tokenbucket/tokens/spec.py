@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
@@ -131,6 +132,63 @@ class CameraSpec:
 CAMERA_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CameraSpec))
 
 _RULE_RE = re.compile(r"^\s*(?P<base>[A-Za-z_][\w.\-]*|\d+)\s*(?:\*\s*(?P<mul>\d+)\s*)?(?P<opt>\?)?\s*$")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _spatial_py(cs: CameraSpec, h: int, w: int) -> tuple[int, str | None]:
+    """Spatial tokens per frame; or ``(0, "height"|"width")`` when too small under crop."""
+    p, m = cs.patch, cs.merge
+    if cs.resize == "crop":
+        gh, gw = (h // p) // m, (w // p) // m
+        if gh == 0:
+            return 0, "height"
+        if gw == 0:
+            return 0, "width"
+        return gh * gw, None
+    if cs.resize == "max_pixels":
+        if cs.max_pixels is None:  # CameraSpec.__post_init__ guarantees it
+            raise AssertionError("cs.max_pixels is unset")
+        factor = p * m
+        hb = max(factor, round(h / factor) * factor)
+        wb = max(factor, round(w / factor) * factor)
+        if hb * wb > cs.max_pixels:
+            beta = math.sqrt(h * w / cs.max_pixels)
+            hb = max(factor, math.floor(h / beta / factor) * factor)
+            wb = max(factor, math.floor(w / beta / factor) * factor)
+        elif hb * wb < cs.min_pixels:
+            beta = math.sqrt(cs.min_pixels / (h * w))
+            hb = math.ceil(h * beta / factor) * factor
+            wb = math.ceil(w * beta / factor) * factor
+        return (hb // factor) * (wb // factor), None
+    if cs.resize == "fixed":
+        if cs.fixed_size is None:  # CameraSpec.__post_init__ guarantees it
+            raise AssertionError("cs.fixed_size is unset")
+        h, w = cs.fixed_size
+    return _ceil_div(_ceil_div(h, p), m) * _ceil_div(_ceil_div(w, p), m), None
+
+
+def _temporal_py(cs: CameraSpec, frames: int) -> int:
+    if cs.tokens_per_frame is not None:
+        return frames
+    if cs.causal_first_frame:
+        return 1 + _ceil_div(frames - 1, cs.tubelet)
+    return _ceil_div(frames, cs.tubelet)
+
+
+def _camera_py(cs: CameraSpec, frames: int, h: int, w: int) -> tuple[int, int, int, str | None]:
+    """One camera's ``(temporal, spatial, tokens, too_small)``; ``too_small`` names the side
+    ("height"/"width") a crop leaves no patch of, and the counts are then 0."""
+    if cs.tokens_per_frame is not None:
+        spatial, small = cs.tokens_per_frame, None
+    else:
+        spatial, small = _spatial_py(cs, h, w)
+        if small is not None:
+            return 0, 0, 0, small
+    temporal = _temporal_py(cs, frames)
+    return temporal, spatial, temporal * (spatial + cs.special_per_frame) + cs.special_per_camera, None
 
 
 @dataclass(frozen=True, kw_only=True)
