@@ -48,7 +48,10 @@ def predict(point: dict[str, Any], configs: dict[str, Any]) -> tuple[int, str]:
     sample = Sample(
         images=point["images"], height=point["height"], width=point["width"], text_tokens=point["text_tokens"]
     )
-    est = StagedCostModel(model, setup, config=cfg).memory(point["batch"], sample)
+    # a 1-step point is the first step; a 2-step point's peak is the second's (NOTE [ Steady state ])
+    est = StagedCostModel(model, setup, config=cfg).memory(
+        point["batch"], sample, first_step=point.get("steps", 1) == 1
+    )
     if est.seq_len != point["seq_len"]:
         raise AssertionError(f"{arch}: seq_len {est.seq_len} != measured {point['seq_len']}")
     return est.peak_bytes, est.phase

@@ -154,6 +154,12 @@ def _add_model_flags(p: argparse.ArgumentParser, *, with_config: bool = False, m
         choices=["flash", "sdpa", "eager", "mem_efficient"],
         help="attention kernel: eager materialises the score matrix, the others do not",
     )
+    g.add_argument(
+        "--qkv-layout",
+        choices=["views", "contiguous", "fused_rotary"],
+        help="what the attention kernel gets: views of the projections (default), contiguous copies, "
+        "or a fused QKV with rotary Q, K (GPT-NeoX style)",
+    )
     g.add_argument("--window", type=positive_int, help="local attention window in tokens")
     g.add_argument("--checkpointing", choices=["none", "full"], help="activation checkpointing of every block")
     g.add_argument(mode_flag, dest="mode", choices=["train", "infer"], help="train (default) or infer")
@@ -177,6 +183,7 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
         "gated_mlp",
         "precision",
         "attention",
+        "qkv_layout",
         "window",
         "checkpointing",
         "mode",

@@ -177,6 +177,19 @@ class CostModel:
         matmuls make, K and V repeated to all heads); the residual keeps nothing; LayerNorm 2
         keeps x₁; the MLP keeps its input, the hidden and the activation (SwiGLU: both
         hiddens, the SiLU and the product).
+
+        NOTE [ QKV layout ]
+        What attention keeps depends on what the kernel is handed. ``views``: Q, K, V are views
+        of the projections (nanoGPT's fused ``split``, a 5-D ``permute``, separate projections,
+        the reference block); a flash kernel writes its output in Q's ``[B, L, H, Dh]`` memory
+        layout, folding the heads back is a view, and the output projection keeps the tensor
+        attention keeps. ``contiguous``: Q, K, V made contiguous in ``[B, H, L, Dh]`` after the
+        transpose; the output comes back in that layout, the fold copies it, and the projection
+        keeps the copy: one more ``c·D`` per token and block. ``fused_rotary``: a fused QKV
+        projection whose Q and K go through a rotary embedding; the rotated Q and K are new
+        tensors, while V, a view, keeps the whole projection output alive: ``c·(D + D_kv)``
+        more (GPT-NeoX-style blocks; 7-12 % of the peak under-predicted without it). Eager
+        attention copies its ``P@V`` output in any layout and is counted already.
         """
         m = self.model
         t = batch * length
@@ -187,6 +200,8 @@ class CostModel:
         n2 = (2 if m.gated_mlp else 1) if amp else 1
         mlp = (4 if m.gated_mlp else 2) * c * f
         per_token = a * d + n1 * c * d + c * d + 2 * c * kv + c * d + a * d + n2 * c * d + mlp
+        if m.attention != "eager":  # NOTE [ QKV layout ]
+            per_token += {"contiguous": c * d, "fused_rotary": c * (d + m.kv_dim)}.get(m.qkv_layout or "views", 0)
         return t * per_token + 16 * t
 
     def layer_score_bytes(self, batch: int, length: int) -> int:

@@ -29,6 +29,7 @@ Attention = Literal["flash", "sdpa", "eager", "mem_efficient"]
 Checkpointing = Literal["none", "full"]
 Mode = Literal["train", "infer"]
 Optimizer = Literal["adamw", "sgd", "none"]
+QKVLayout = Literal["views", "contiguous", "fused_rotary"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "precision": ("bf16", "amp", "fp32"),
@@ -36,6 +37,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "checkpointing": ("none", "full"),
     "mode": ("train", "infer"),
     "optimizer": ("adamw", "sgd", "none"),
+    "qkv_layout": ("views", "contiguous", "fused_rotary"),
 }
 
 
@@ -65,6 +67,11 @@ class ModelSpec:
             master weights, bf16 compute as CUDA autocast does), ``fp32``.
         attention: ``flash``/``sdpa`` (no score tensor; a fp32 log-sum-exp per row),
             ``mem_efficient`` (the same memory class), ``eager`` (materialised scores).
+        qkv_layout: what a flash / memory-efficient kernel is handed (NOTE [ QKV layout ]):
+            ``views`` (default; ``None`` means it) of the projections' outputs; ``contiguous``
+            copies in ``[B, H, L, Dh]``, so folding the heads back copies the output;
+            ``fused_rotary``, one fused QKV projection with a rotary embedding writing new Q
+            and K while V's view keeps the whole projection output alive.
         window: local attention window in tokens (flash/mem_efficient FLOPs only; eager still
             materialises the full score matrix).
         checkpointing: ``none`` or ``full`` (each block recomputed in backward).
@@ -85,6 +92,7 @@ class ModelSpec:
     gated_mlp: bool = False
     precision: Precision = "bf16"
     attention: Attention = "flash"
+    qkv_layout: QKVLayout | None = None
     window: int | None = None
     checkpointing: Checkpointing = "none"
     mode: Mode = "train"
@@ -111,7 +119,7 @@ class ModelSpec:
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not (0 < r < math.inf):  # nan fails too
             raise ConfigError(f"mlp_ratio should be a positive finite number, but got mlp_ratio={r!r}")
         for name, choices in _CHOICES.items():
-            if getattr(self, name) not in choices:
+            if getattr(self, name) not in choices and not (name == "qkv_layout" and self.qkv_layout is None):
                 raise ConfigError(f"{name} should be one of {list(choices)}, but got {name}={getattr(self, name)!r}")
         if self.window is not None:
             _positive("window", self.window)
