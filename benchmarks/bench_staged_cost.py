@@ -4,6 +4,7 @@ Command (reads ``tests/data/hf_truth.json``, or the files given; no GPU, a secon
 
     .venv/bin/python benchmarks/bench_staged_cost.py
     .venv/bin/python benchmarks/bench_staged_cost.py /tmp/tb/truth/part_*.json
+    .venv/bin/python benchmarks/bench_staged_cost.py --summary   # the README's table
 
 Prints a markdown table (arch x train x sharding x shape: predicted and measured GiB per rank,
 error %) and the worst over- and under-prediction. The truth comes from
@@ -12,6 +13,7 @@ error %) and the worst over- and under-prediction. The truth comes from
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -43,8 +45,8 @@ def predict(point: dict[str, Any], configs: dict[str, Any]) -> tuple[int, str]:
     arch = point["arch"]
     cfg = HFConfig(f"<{arch}>", configs[arch], PREPROCESSORS.get(arch, {}))
     model = staged_from_config(cfg, arch)
-    sharded = point["sharding"] != "none"
-    setup = TrainSetup(train=point["train"], sharding="fsdp" if sharded else "none", world_size=point["world"])
+    sharding = {"none": "none", "fsdp8": "fsdp", "ddp8": "ddp"}[point["sharding"]]
+    setup = TrainSetup(train=point["train"], sharding=sharding, world_size=point["world"])
     sample = Sample(
         images=point["images"], height=point["height"], width=point["width"], text_tokens=point["text_tokens"]
     )
@@ -66,9 +68,31 @@ def rows(paths: list[Path]) -> list[tuple[dict[str, Any], int, str, float]]:
     return out
 
 
+def summary(table: list[tuple[dict[str, Any], int, str, float]]) -> None:
+    """One row per (arch, training, sharding): points (steady-state ones), worst under and over."""
+    groups: dict[tuple[str, str, str], list[tuple[dict[str, Any], float]]] = {}
+    for p, _, _, err in table:
+        groups.setdefault((p["arch"], p["train"], p["sharding"]), []).append((p, err))
+    print("| architecture | training | sharding | points (steady) | worst under | worst over |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
+    for (arch, train, sharding), pts in sorted(groups.items()):
+        steady = sum(p.get("steps", 1) == 2 for p, _ in pts)
+        errs = [e for _, e in pts]
+        shard = {"fsdp8": "FSDP 8", "ddp8": "DDP 8"}.get(sharding, sharding)
+        print(f"| {arch} | {train} | {shard} | {len(pts)} ({steady}) | {min(errs):+.1f} % | {max(errs):+.1f} % |")
+    errs = [r[3] for r in table]
+    print(f"\n{len(table)} points: worst under {min(errs):+.1f} %, worst over {max(errs):+.1f} %.")
+
+
 def main(argv: list[str]) -> None:
-    paths = [Path(a) for a in argv] or [FIXTURE]
-    table = rows(paths)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="*", type=Path, help="truth files (default: the fixture)")
+    parser.add_argument("--summary", action="store_true", help="one row per arch x training x sharding")
+    args = parser.parse_args(argv)
+    table = rows(args.paths or [FIXTURE])
+    if args.summary:
+        summary(table)
+        return
     gib = 2**30
     print(
         "| arch | train | sharding | B x (images HxW + text) | seq | predicted GiB | measured GiB | error % | phase |"

@@ -4,6 +4,8 @@ Command (what ``tests/data/hf_truth.json`` comes from; no GPU, no downloads):
 
     .venv/bin/python benchmarks/hf_truth.py                      # every arch, ~30-60 min on 2 cores
     .venv/bin/python benchmarks/hf_truth.py --only qwen2-vl-2b --out /tmp/qwen2vl.json
+    .venv/bin/python benchmarks/hf_truth.py --steps 2 --shapes 1 --out /tmp/steady.json  # steady state
+    .venv/bin/python benchmarks/hf_truth.py --sharding ddp8 --shapes 2 --out /tmp/ddp.json  # DDP's buckets
     .venv/bin/python benchmarks/hf_truth.py --merge a.json b.json --out tests/data/hf_truth.json
 
 Each point builds a real ``transformers`` model from its config class at the real size, in pure
@@ -134,6 +136,26 @@ def _siglip_so400m(image_size: int, patch_size: int = 14) -> transformers.Siglip
 def _build_config(name: str) -> transformers.PretrainedConfig:
     if name == "qwen2-0.5b":
         return _qwen2_05b()
+    if name == "gemma-2-2b":  # sandwich norms, final logit soft-capping, alternating sliding windows
+        # NOTE [ Gemma 2 attention ]: Gemma 2 is trained with flash_attention_2, which applies the
+        # attention soft-cap inside the kernel (no score matrix). There is no such kernel here:
+        # transformers refuses sdpa for Gemma 2 because sdpa has no soft-cap, so the truth runs sdpa
+        # (the same memory class as flash) with the attention soft-cap off; the final logit
+        # soft-cap, whose fp32 working set is what it costs, stays on. Eager attention (the
+        # default without flash-attn) keeps L x L scores per layer and is not what is priced.
+        return transformers.Gemma2Config(
+            hidden_size=2304,
+            intermediate_size=9216,
+            num_hidden_layers=26,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=256,
+            vocab_size=256000,
+            max_position_embeddings=8192,
+            sliding_window=4096,
+            final_logit_softcapping=30.0,
+            attn_logit_softcapping=None,
+        )
     if name == "llama-3.2-1b":
         return transformers.LlamaConfig(
             hidden_size=2048,
@@ -264,7 +286,7 @@ def _build_config(name: str) -> transformers.PretrainedConfig:
 def build_config(name: str) -> transformers.PretrainedConfig:
     """The real-size config of ``name`` (sdpa attention), built from its config class."""
     config = _build_config(name)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = "eager" if name == "gemma-2-2b" else "sdpa"  # NOTE [ Gemma 2 attention ]
     for sub in ("text_config", "vision_config"):
         if hasattr(config, sub):
             getattr(config, sub)._attn_implementation = "sdpa"
@@ -276,6 +298,7 @@ ARCHS: dict[str, tuple[str, str | None]] = {
     "qwen2-0.5b": ("Qwen2ForCausalLM", None),
     "llama-3.2-1b": ("LlamaForCausalLM", None),
     "gemma-2b": ("GemmaForCausalLM", None),
+    "gemma-2-2b": ("Gemma2ForCausalLM", None),
     "qwen2-vl-2b": ("Qwen2VLForConditionalGeneration", "visual"),
     "qwen2.5-vl-3b": ("Qwen2_5_VLForConditionalGeneration", "visual"),
     "llava-1.5-7b": ("LlavaForConditionalGeneration", "vision_tower"),
@@ -289,6 +312,7 @@ SHAPES: dict[str, list[tuple[int, int, int, int, int]]] = {
     "qwen2-0.5b": [(1, 0, 0, 0, 256), (2, 0, 0, 0, 2048), (1, 0, 0, 0, 8192)],
     "llama-3.2-1b": [(1, 0, 0, 0, 512), (2, 0, 0, 0, 2048), (1, 0, 0, 0, 8192)],
     "gemma-2b": [(1, 0, 0, 0, 256), (2, 0, 0, 0, 1024), (1, 0, 0, 0, 4096)],
+    "gemma-2-2b": [(1, 0, 0, 0, 256), (2, 0, 0, 0, 1024), (1, 0, 0, 0, 8192)],
     "qwen2-vl-2b": [(1, 1, 224, 224, 256), (2, 4, 448, 448, 1024), (1, 13, 448, 672, 2048), (1, 2, 896, 896, 8192)],
     "qwen2.5-vl-3b": [(1, 1, 224, 224, 256), (2, 4, 448, 448, 1024), (1, 2, 896, 896, 4096)],
     "llava-1.5-7b": [(1, 1, 336, 336, 256), (2, 1, 336, 336, 1024), (1, 4, 336, 336, 2048)],
@@ -298,13 +322,13 @@ SHAPES: dict[str, list[tuple[int, int, int, int, int]]] = {
 }
 
 TRAINS = ("full", "frozen-vision", "lora")
-SHARDINGS = ("none", "fsdp8")
+SHARDINGS = ("none", "fsdp8")  # and "ddp8" (DistributedDataParallel over 8), with --sharding ddp8
 
 
-def setups(name: str) -> list[tuple[str, str]]:
+def setups(name: str, shardings: Sequence[str] = SHARDINGS) -> list[tuple[str, str]]:
     """(train, sharding) pairs measured for ``name`` (frozen-vision only with a vision tower)."""
     trains = [t for t in TRAINS if t != "frozen-vision" or ARCHS[name][1] is not None]
-    return [(t, s) for t in trains for s in SHARDINGS]
+    return [(t, s) for t in trains for s in shardings]
 
 
 # -- image tokens, the way each processor counts them -----------------------------------------
@@ -476,6 +500,8 @@ def _build_model(name: str, config: Any, train: str) -> tuple[torch.nn.Module, l
     with _bf16_default(), no_init_weights():
         model = cls(config)
         model.tie_weights()  # no_init_weights skips the tying that init does
+        if name == "gemma-2-2b":  # NOTE [ Gemma 2 attention ]: built eager, run with sdpa
+            model.config._attn_implementation = "sdpa"
         frozen: list[str] = []
         if train == "frozen-vision" and vision is not None:
             tower = getattr(model.model, vision)
@@ -601,6 +627,8 @@ def measure(
         warnings.simplefilter("ignore")
         if sharding == "fsdp8":
             out = _measure_fsdp(name, config, train, real, fake_specs, steps)
+        elif sharding == "ddp8":
+            out = _measure_ddp(name, config, train, real, fake_specs, steps)
         else:
             out = _measure_single(name, config, train, real, fake_specs, steps)
     record: dict[str, Any] = {
@@ -608,7 +636,7 @@ def measure(
         "model_type": config.model_type,
         "train": train,
         "sharding": sharding,
-        "world": WORLD if sharding == "fsdp8" else 1,
+        "world": 1 if sharding == "none" else WORLD,
         "steps": steps,
         **fields,
         "seq_len": int(real["input_ids"].shape[1]),
@@ -672,6 +700,52 @@ def _measure_single(
         "frozen": frozen,
         **counts,
     }
+
+
+def _measure_ddp(
+    name: str, config: Any, train: str, real: dict[str, Any], specs: dict[str, Any], steps: int = 1
+) -> dict[str, Any]:
+    """One step under ``DistributedDataParallel`` (PyTorch's defaults) on a fake process group.
+
+    NOTE [ DDP on fake tensors ]: DDP reads parameter values twice, to check that every rank
+    holds the same shapes and to broadcast rank 0's weights; a fake tensor has no values, so
+    both are skipped (one process stands for every rank). Its all-reduce is a no-op hook (in
+    place on the bucket, as NCCL's is). The second step rebuilds the buckets in the order the
+    first backward produced them, which reads an index tensor: one step only.
+    """
+    import torch.distributed as dist
+    import torch.nn.parallel.distributed as ddp_module
+    from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if steps != 1:
+        raise ValueError("DDP is measured over one step (NOTE [ DDP on fake tensors ])")
+    verify = ddp_module._verify_param_shape_across_processes
+    ddp_module._verify_param_shape_across_processes = lambda *a, **k: None
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model, frozen = _build_model(name, config, train)
+            counts = _counts(model)
+            inputs = _fake_inputs(real, specs)
+            tracker = MemTracker()
+            _root_only_peaks(tracker, model)
+            _skip_frozen_hooks(tracker, model)
+            with tracker, _RealOps():
+                wrapped = ddp_module.DistributedDataParallel(model, init_sync=False)  # buckets made here
+                wrapped.register_comm_hook(None, noop_hook)
+                tracker.track_external(model, *[t for t in inputs.values() if isinstance(t, FakeTensor)])
+                opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+                tracker.track_external(opt)
+                _step(wrapped, inputs, opt, lambda _phase: None)
+            peak = int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
+            snap = tracker._peak_mem_snap[torch.device("cpu")]
+            by_type = {str(k.value if hasattr(k, "value") else k): int(v) for k, v in snap.items()}
+            phases = _phase_peaks(tracker, model)
+    finally:
+        dist.destroy_process_group()
+        ddp_module._verify_param_shape_across_processes = verify
+    return {"peak_bytes": peak, "peak_breakdown": by_type, "phase_peaks": phases, "frozen": frozen, **counts}
 
 
 def _measure_fsdp(
@@ -750,6 +824,10 @@ def _load(path: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="arch name (repeatable)")
+    parser.add_argument("--shapes", type=int, help="only each arch's first N shapes (the smallest)")
+    parser.add_argument(
+        "--sharding", action="append", choices=["none", "fsdp8", "ddp8"], help="only these (default none, fsdp8)"
+    )
     parser.add_argument("--out", type=Path, default=FIXTURE)
     parser.add_argument("--steps", type=int, default=1, help="training steps per point (2: the steady state)")
     parser.add_argument("--merge", nargs="+", type=Path, help="merge these fixture files into --out")
@@ -777,8 +855,8 @@ def main(argv: list[str] | None = None) -> None:
     points, failures = _load(args.out)
     done = {_key(p): p for p in points}
     for name in args.only or list(ARCHS):
-        for shape in SHAPES[name]:  # every setup at the small shape first
-            for train, sharding in setups(name):
+        for shape in SHAPES[name][: args.shapes]:  # every setup at the small shape first
+            for train, sharding in setups(name, args.sharding or SHARDINGS):
                 fields = shape_record(name, shape)
                 key = (
                     name,

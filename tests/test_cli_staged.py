@@ -86,6 +86,16 @@ def test_cost_staged_with_a_gpu_says_whether_it_fits(capsys: pytest.CaptureFixtu
         (["--preset", "qwen2-vl-2b", "--batch", "1", "--sample", '{"imgs": 2}'], ["--sample", "imgs"]),
         (["--preset", "qwen2-vl-2b", "--batch", "1", "--sample", '{"images": -1}'], ["--sample", "images"]),
         (["--batch", "1", "--length", "64", "--train", "lora"], ["--train", "--hf-config"]),
+        (["--batch", "1", "--length", "64", "--vision-checkpointing", "full"], ["--vision-checkpointing"]),
+        (["--batch", "1", "--length", "64", "--ddp-bucket-view"], ["--ddp-bucket-view", "--hf-config"]),
+        (
+            ["--preset", "qwen2-vl-2b", "--batch", "1", "--sample", SAMPLE, "--ddp-bucket-view"],
+            ["--ddp-bucket-view", "--sharding ddp"],
+        ),
+        (
+            ["--preset", "qwen2-vl-2b", "--batch", "1", "--sample", SAMPLE, "--qkv-layout", "contiguous"],
+            ["--qkv-layout", "--hf-config"],
+        ),
         (["--batch", "1"], ["--length"]),
     ],
 )
@@ -140,3 +150,25 @@ def test_cost_setup_errors_are_in_the_flags_words(capsys: pytest.CaptureFixture[
     assert code == 2
     line = one_line_error(err, "--world-size 8", "--sharding 'none'")
     assert "----" not in line and "world_size" not in line
+
+
+def test_ledger_block_model_refuses_the_training_setup_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """They price a staged model; the block ledger used to ignore them without a word."""
+    sample = '{"cameras": 1, "frames": 1, "height": 224, "width": 224}'
+    code, out, err = cli(capsys, "ledger", "--sample", sample, "--patch", "14", "--train", "lora", "--sharding", "ddp")
+    assert code == 2 and out == ""
+    one_line_error(err, "--train", "--sharding", "--hf-config")
+
+
+def test_cost_ddp_buckets_cost_the_trainable_gradients_once_more(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--preset", "qwen2-vl-2b", "--batch", "1", "--sample", SAMPLE, "--train", "lora", "--json"]
+    peaks = {}
+    for name, extra in (("none", []), ("ddp", ["--sharding", "ddp", "--world-size", "8"]),
+                        ("view", ["--sharding", "ddp", "--world-size", "8", "--ddp-bucket-view"])):  # fmt: skip
+        code, out, _ = cli(capsys, "cost", *base, *extra)
+        assert code == 0
+        peaks[name] = json.loads(out)["peak_bytes"]
+    setup = TrainSetup(train="lora")
+    sample = Sample(**json.loads(SAMPLE))
+    trainable = sum(u.trainable for u in StagedCostModel(StagedModel.preset("qwen2-vl-2b"), setup).units(1, sample))
+    assert peaks["view"] == peaks["none"] and peaks["ddp"] - peaks["none"] == 2 * trainable

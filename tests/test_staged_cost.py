@@ -40,8 +40,8 @@ def _key(p: dict[str, Any]) -> tuple[str, str, str, int, int, int]:
 
 def _predict(p: dict[str, Any]) -> int:
     cfg = HFConfig(f"<{p['arch']}>", CONFIGS[p["arch"]], PREPROCESSORS.get(p["arch"], {}))
-    sharded = p["sharding"] != "none"
-    setup = TrainSetup(train=p["train"], sharding="fsdp" if sharded else "none", world_size=p["world"])
+    sharding = {"none": "none", "fsdp8": "fsdp", "ddp8": "ddp"}[p["sharding"]]
+    setup = TrainSetup(train=p["train"], sharding=sharding, world_size=p["world"])
     sample = Sample(images=p["images"], height=p["height"], width=p["width"], text_tokens=p["text_tokens"])
     model = StagedCostModel(staged_from_config(cfg, p["arch"]), setup, config=cfg)
     # a 1-step point is the first step; a 2-step point's peak is the second's (NOTE [ Steady state ])
@@ -191,9 +191,30 @@ def test_staged_cost_sharding_divides_static_bytes() -> None:
     none = _peak(TrainSetup())
     fsdp = _peak(TrainSetup(sharding="fsdp", world_size=8))
     zero2 = _peak(TrainSetup(sharding="zero2", world_size=8))
-    ddp = _peak(TrainSetup(sharding="ddp", world_size=8))
+    ddp = _peak(TrainSetup(sharding="ddp", world_size=8, ddp_bucket_view=True))
     assert fsdp < zero2 < ddp == none
     assert _peak(TrainSetup(sharding="fsdp", world_size=16)) < fsdp
+
+
+@pytest.mark.parametrize("train", ["full", "frozen-vision", "lora"])
+def test_staged_cost_ddp_buckets_hold_a_second_copy_of_the_trainable_gradients(train: str) -> None:
+    """NOTE [ DDP buckets ]: the default gradient_as_bucket_view=False; True costs what no DDP does."""
+    model = StagedModel.preset("qwen2-vl-2b")
+    sample = Sample(images=2, height=448, width=448, text_tokens=512)
+
+    def est(**kw: object) -> Any:
+        return StagedCostModel(model, TrainSetup(train=train, **kw)).memory(2, sample)  # type: ignore[arg-type]
+
+    none, ddp, view = est(), est(sharding="ddp", world_size=8), est(sharding="ddp", world_size=8, ddp_bucket_view=True)
+    trainable = sum(u.trainable for u in StagedCostModel(model, TrainSetup(train=train)).units(2, sample))
+    assert view.peak_bytes == none.peak_bytes
+    assert ddp.peak_bytes - none.peak_bytes == 2 * trainable  # bf16, whatever phase the peak is in
+    assert ddp.item("gradients") >= 2 * trainable
+
+
+def test_staged_cost_ddp_bucket_view_must_be_a_bool() -> None:
+    with pytest.raises(ConfigError, match="ddp_bucket_view should be a bool, but got ddp_bucket_view='yes'"):
+        TrainSetup(sharding="ddp", world_size=2, ddp_bucket_view="yes")  # type: ignore[arg-type]
 
 
 def test_staged_cost_more_images_and_checkpointing_move_activations() -> None:

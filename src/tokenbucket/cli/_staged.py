@@ -59,6 +59,26 @@ def add_staged_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--backbone-checkpointing", choices=["none", "full"], help="recompute each decoder layer in backward"
     )
+    g.add_argument(
+        "--ddp-bucket-view",
+        action="store_true",
+        default=None,
+        help="with --sharding ddp: DDP(gradient_as_bucket_view=True), no second copy of the gradients",
+    )
+
+
+# the training-setup flags: they price a staged model and are refused with the block model
+STAGED_ONLY = (
+    "train", "lora_rank", "sharding", "world_size", "vision_checkpointing", "backbone_checkpointing",
+    "ddp_bucket_view",
+)  # fmt: skip
+
+
+def refuse_staged_flags(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> None:
+    """One line naming every staged-only flag given to a block-model command."""
+    given = [f"--{name.replace('_', '-')}" for name in (*extra, *STAGED_ONLY) if getattr(args, name, None) is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} price a staged model: give --hf-config DIR (or a staged --preset)")
 
 
 def is_staged(args: argparse.Namespace) -> bool:
@@ -67,7 +87,9 @@ def is_staged(args: argparse.Namespace) -> bool:
 
 
 _SETUP_NAME = re.compile(r"(?<![\w-])(world_size|lora_rank|sharding|train)(=?)")
-_BLOCK_FLAGS = ("hidden", "layers", "heads", "kv_heads", "mlp_ratio", "gated_mlp", "window", "extra_params")
+_BLOCK_FLAGS = (
+    "hidden", "layers", "heads", "kv_heads", "mlp_ratio", "gated_mlp", "window", "extra_params", "qkv_layout",
+)  # fmt: skip
 
 
 def staged_cost_from_args(args: argparse.Namespace) -> StagedCostModel:
@@ -93,8 +115,11 @@ def staged_cost_from_args(args: argparse.Namespace) -> StagedCostModel:
         "optimizer": args.optimizer,
         "vision_checkpointing": args.vision_checkpointing,
         "backbone_checkpointing": args.backbone_checkpointing,
+        "ddp_bucket_view": args.ddp_bucket_view,
     }
     chosen = {k: v for k, v in options.items() if v is not None}
+    if chosen.get("ddp_bucket_view") and chosen.get("sharding") != "ddp":
+        raise UsageError("--ddp-bucket-view needs --sharding ddp")
     if chosen.get("world_size", 1) > 1 and "sharding" not in chosen:
         raise UsageError("--world-size needs --sharding (ddp, fsdp, zero2 or zero3)")
     try:

@@ -25,6 +25,7 @@ from tokenbucket.cli._staged import (
     add_staged_flags,
     is_staged,
     print_estimate,
+    refuse_staged_flags,
     sample_from_args,
     staged_cost_from_args,
     staged_json,
@@ -60,12 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if is_staged(args):
         return _run_staged(args)
-    staged_only = [
-        f for f in ("sample", "train", "lora_rank", "sharding", "world_size") if getattr(args, f) is not None
-    ]
-    if staged_only:
-        flags = ", ".join(f"--{f.replace('_', '-')}" for f in staged_only)
-        raise UsageError(f"{flags} price a staged model: give --hf-config DIR (or a staged --preset)")
+    refuse_staged_flags(args, extra=("sample",))
     if args.length is None:
         raise UsageError("the block model needs --length (or give --hf-config and --sample)")
     model = model_from_args(args)

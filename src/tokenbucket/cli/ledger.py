@@ -23,6 +23,7 @@ from tokenbucket.cli._staged import (
     add_staged_flags,
     is_staged,
     print_estimate,
+    refuse_staged_flags,
     sample_from_args,
     staged_cost_from_args,
     staged_json,
@@ -56,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if is_staged(args):
         return _run_staged(args)
+    refuse_staged_flags(args)
     spec = spec_from_args(args)
     model = model_from_args(args)
     led = ledger_with_whatifs(_sample_arg(args.sample), spec, model, args.whatif, batch=args.batch)

@@ -45,6 +45,7 @@ from tokenbucket.cli._common import (
 from tokenbucket.cli._staged import (
     add_staged_flags,
     is_staged,
+    refuse_staged_flags,
     staged_cost_from_args,
     staged_record,
     staged_token_spec,
@@ -182,10 +183,6 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-# the staged flags, refused without a staged model
-_STAGED_ONLY = (
-    "train", "lora_rank", "sharding", "world_size", "vision_checkpointing", "backbone_checkpointing", "vision_share",
-)  # fmt: skip
 # spec flags that say how an image becomes tokens: a staged model's config says that itself
 _IMAGE_SPEC_FLAGS = (
     "config", "patch", "resize", "fixed_size", "min_pixels", "max_pixels", "merge", "tubelet", "causal_first_frame",
@@ -353,9 +350,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"give either METADATA or --lerobot DATASET, not both (got METADATA {args.metadata})")
     staged = is_staged(args)
     if not staged:
-        only = [_flag(name) for name in _STAGED_ONLY if getattr(args, name) is not None]
-        if only:
-            raise UsageError(f"{', '.join(only)} price a staged model: give --hf-config DIR (or a staged --preset)")
+        refuse_staged_flags(args, extra=("vision_share",))
     elif args.profile is not None:
         raise UsageError(
             "--profile measures a block model; a staged model (--hf-config or a staged --preset) is priced "

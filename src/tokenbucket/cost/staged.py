@@ -16,7 +16,8 @@ Training setups (:class:`TrainSetup`):
   backbone still keeps what the adapters need for their gradients.
 - ``fsdp``/``zero3``: weights, gradients and optimizer state divided by the world size, plus
   the gathered units in flight (NOTE [ FSDP units in flight ]); ``zero2``: gradients and
-  optimizer state divided; ``ddp``/``none``: nothing divided.
+  optimizer state divided; ``ddp``/``none``: nothing divided (``ddp`` adds its gradient buckets,
+  NOTE [ DDP buckets ]).
 
 NOTE [ Steady state ]
 A run goes out of memory at its worst step, and that is never the first one: the first step has
@@ -81,6 +82,10 @@ class TrainSetup:
         optimizer: ``adamw`` (two states and a foreach temporary), ``sgd`` (momentum), ``none``.
         vision_checkpointing: ``none`` or ``full`` (each vision block recomputed in backward).
         backbone_checkpointing: ``none`` or ``full`` (each decoder layer recomputed).
+        ddp_bucket_view: DDP's ``gradient_as_bucket_view``. ``False`` (PyTorch's default) keeps
+            a second copy of every trainable gradient in DDP's communication buckets, from
+            the wrapper's construction on; ``True`` makes the gradients views of the buckets.
+            Only read with ``sharding="ddp"`` (NOTE [ DDP buckets ]).
     """
 
     train: str = "full"
@@ -90,6 +95,7 @@ class TrainSetup:
     optimizer: str = "adamw"
     vision_checkpointing: str = "none"
     backbone_checkpointing: str = "none"
+    ddp_bucket_view: bool = False
 
     def __post_init__(self) -> None:
         _choice("train", self.train, _TRAIN)
@@ -99,6 +105,8 @@ class TrainSetup:
         _choice("optimizer", self.optimizer, _OPTIMIZER)
         _choice("vision_checkpointing", self.vision_checkpointing, _CKPT)
         _choice("backbone_checkpointing", self.backbone_checkpointing, _CKPT)
+        if not isinstance(self.ddp_bucket_view, bool):
+            raise ConfigError(f"ddp_bucket_view should be a bool, but got ddp_bucket_view={self.ddp_bucket_view!r}")
         if self.sharding == "none" and self.world_size != 1:
             raise ConfigError(
                 f"world_size should be 1 when sharding='none', but got world_size={self.world_size} "
@@ -275,6 +283,15 @@ def _config_of(model: StagedModel) -> HFConfig | None:
     return None
 
 
+# NOTE [ DDP buckets ]
+# DistributedDataParallel all-reduces gradients through flat bucket tensors it allocates when it
+# wraps the model, one slot per trainable parameter in the parameters' dtype. With
+# ``gradient_as_bucket_view=False`` (the default) each ``param.grad`` is a tensor of its own and
+# the buckets are a second copy, live for the whole run: a full-size gradient more per rank (a
+# LoRA run's buckets hold the adapters' only). With ``True`` the gradients are views of the
+# buckets and cost nothing extra. Measured on a fake process group (benchmarks/hf_truth.py,
+# sharding ddp8): the default adds exactly the trainable parameters' bf16 bytes.
+
 # NOTE [ FSDP units in flight ]
 # FSDP2 with one unit per block and the root (embeddings, head, tower stem, projector, final
 # norm) as one more: the root is gathered for the whole forward and backward; a block is
@@ -290,7 +307,10 @@ def _walk(units: list[Unit], setup: TrainSetup, steady: bool = True) -> tuple[st
     gathered = ws > 1
     live = _Live()
     states = {"adamw": 2, "sgd": 1, "none": 0}[setup.optimizer]
+    buckets = setup.sharding == "ddp" and not setup.ddp_bucket_view  # NOTE [ DDP buckets ]
     for u in units:
+        if buckets:
+            live.add(u.stage, "gradients", BF16 * u.trainable)
         live.add(u.stage, "weights", math.ceil(BF16 * u.params / ws))
         if gathered and not u.own_unit:
             live.add(u.stage, "weights", BF16 * u.params)
