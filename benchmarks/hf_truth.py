@@ -136,13 +136,16 @@ def _siglip_so400m(image_size: int, patch_size: int = 14) -> transformers.Siglip
 def _build_config(name: str) -> transformers.PretrainedConfig:
     if name == "qwen2-0.5b":
         return _qwen2_05b()
-    if name == "gemma-2-2b":  # sandwich norms, final logit soft-capping, alternating sliding windows
+    if name == "gemma-2-2b":  # sandwich norms, final logit soft-capping, q width != hidden
         # NOTE [ Gemma 2 attention ]: Gemma 2 is trained with flash_attention_2, which applies the
         # attention soft-cap inside the kernel (no score matrix). There is no such kernel here:
         # transformers refuses sdpa for Gemma 2 because sdpa has no soft-cap, so the truth runs sdpa
         # (the same memory class as flash) with the attention soft-cap off; the final logit
-        # soft-cap, whose fp32 working set is what it costs, stays on. Eager attention (the
-        # default without flash-attn) keeps L x L scores per layer and is not what is priced.
+        # soft-cap, whose fp32 working set is what it costs, stays on. Every layer attends in
+        # full: sdpa takes a sliding window only as an L x L mask and then keeps L x L scores
+        # per layer on this CPU, where flash-attention 2 slides inside the kernel (a window
+        # changes its FLOPs, not its memory). Eager attention (the default without flash-attn)
+        # keeps L x L scores per layer and is not what is priced.
         return transformers.Gemma2Config(
             hidden_size=2304,
             intermediate_size=9216,
@@ -153,6 +156,7 @@ def _build_config(name: str) -> transformers.PretrainedConfig:
             vocab_size=256000,
             max_position_embeddings=8192,
             sliding_window=4096,
+            layer_types=["full_attention"] * 26,  # NOTE [ Gemma 2 attention ]
             final_logit_softcapping=30.0,
             attn_logit_softcapping=None,
         )

@@ -264,3 +264,21 @@ def test_load_hf_config_missing_file_names_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"config.json '.*nope.json' does not exist"):
         load_hf_config(tmp_path / "nope.json")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "softcap", "norms"),
+    [
+        ({"model_type": "gemma2"}, True, 4),  # transformers' default final_logit_softcapping is 30.0
+        ({"model_type": "gemma2", "final_logit_softcapping": None}, False, 4),
+        ({"model_type": "gemma"}, False, 2),
+        ({"model_type": "paligemma", "text_config": {"model_type": "gemma2"}}, True, 4),  # PaliGemma 2
+        ({"model_type": "paligemma"}, False, 2),
+    ],
+)
+def test_load_hf_config_gemma2_softcap_and_sandwich_norms(
+    tmp_path: Path, config: dict[str, Any], softcap: bool, norms: int
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = load_hf_config(tmp_path)
+    assert (model.logit_softcap, model.norms_per_layer) == (softcap, norms)

@@ -90,7 +90,10 @@ def decoder_layer_saved(model: StagedModel, *, norm_trains: bool, lora_rank: int
     attn = BF16 * (2 * q + 2 * kv_eff) + FP32 * h
     mlp = 4 * BF16 * f
     lora = 7 * BF16 * lora_rank
-    return first_norm + norm + attn + mlp + lora + (16 if gemma else 0) + (BF16 * seq_len if masked else 0)
+    # Gemma 2's post-attention and post-MLP norms: their fp32 input and rsqrt, and with a trained
+    # weight the normalised fp32 output; their bf16 output goes straight into the residual add
+    post = (model.norms_per_layer - 2) * (FP32 * d + 4 + (FP32 * d if norm_trains else 0))
+    return first_norm + norm + attn + mlp + lora + post + (16 if gemma else 0) + (BF16 * seq_len if masked else 0)
 
 
 def vision_layer_saved(tower: VisionTower) -> int:
@@ -214,6 +217,8 @@ def build_units(
     # the final norm and the head; the loss after it: NOTE [ The loss holds three vocab-wide tensors ]
     head_p = 0 if model.tied_embeddings else vd
     norm_saved = (FP32 * d + 4 + (2 * BF16 * d if not rank else 0)) * t
+    if model.logit_softcap:  # tanh keeps its bf16 output for backward
+        norm_saved += BF16 * v * t
     head_trains = 0 if rank else head_p + d
     units.append(Unit("head_loss", head_p + d, head_trains, norm_saved,
                       bwd_work=(FP32 + BF16) * v * t, bwd_grad_work=BF16 * v * t + BF16 * d * t + tied,

@@ -177,7 +177,9 @@ class StagedModel:
 
     ``backbone`` is the block stack the cost model prices (``extra_params=0``); ``head_dim``,
     ``attn_bias`` and ``norms_per_layer`` make the backbone's count exact where ModelSpec's
-    generic block differs (Gemma's head_dim, Qwen2's q/k/v bias, RMSNorm).
+    generic block differs (Gemma's head_dim, Qwen2's q/k/v bias, RMSNorm; Gemma 2's four
+    norms a layer). ``logit_softcap``: the logits pass through ``tanh(x / cap) * cap`` before
+    the loss (Gemma 2's ``final_logit_softcapping``).
     """
 
     name: str
@@ -190,6 +192,7 @@ class StagedModel:
     head_dim: int
     attn_bias: Literal["none", "qkv", "all"] = "none"
     norms_per_layer: int = 2
+    logit_softcap: bool = False
     action_expert: ActionExpert | None = None
 
     def params_by_stage(self) -> dict[str, int]:
@@ -367,6 +370,12 @@ def _projector(cfg: HFConfig, tower: VisionTower, width: int) -> Projector:
     return Projector(kind="pixel_shuffle", in_dim=tower.hidden * scale**2, out_dim=width, bias=False, merge=scale)
 
 
+def _logit_softcap(cfg: HFConfig) -> bool:
+    """Gemma 2's final logit soft-cap (30.0 unless the config sets it to null), under PaliGemma too."""
+    table, _, tt = _text_table(cfg)
+    return tt == "gemma2" and table.get("final_logit_softcapping", 30.0) is not None
+
+
 def staged_from_config(cfg: HFConfig, name: str | None = None) -> StagedModel:
     """The :class:`StagedModel` of an already-read config (what :func:`load_hf_config` returns)."""
     mt = cfg.model_type
@@ -384,7 +393,7 @@ def staged_from_config(cfg: HFConfig, name: str | None = None) -> StagedModel:
     return StagedModel(
         name=name or str(cfg.config.get("_name_or_path") or mt), model_type=mt, vision=vision, projector=projector,
         backbone=spec, vocab=vocab, tied_embeddings=tie, head_dim=head_dim, attn_bias=bias,  # type: ignore[arg-type]
-        norms_per_layer=norms,
+        norms_per_layer=norms, logit_softcap=_logit_softcap(cfg),
     )  # fmt: skip
 
 
