@@ -60,7 +60,7 @@ def test_hf_truth_fixture_tokens_add_up() -> None:
         shape = (p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
         assert hf_truth.shape_record(p["arch"], shape)["image_tokens"] == p["image_tokens"]
         assert p["peak_bytes"] > 0 and p["params_trainable"] <= p["params_total"]
-        assert (p["world"] == 8) == (p["sharding"] == "fsdp8")
+        assert (p["world"] == 8) == (p["sharding"] in ("fsdp8", "ddp8"))
 
 
 def test_hf_truth_image_tokens_match_processors() -> None:
@@ -79,7 +79,15 @@ def test_hf_truth_image_tokens_match_processors() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("arch", "train", "sharding"),
-    [("qwen2-0.5b", "full", "none"), ("qwen2-0.5b", "lora", "none"), ("qwen2-0.5b", "full", "fsdp8")],
+    [
+        ("qwen2-0.5b", "full", "none"),
+        ("qwen2-0.5b", "lora", "none"),
+        ("qwen2-0.5b", "full", "fsdp8"),
+        ("qwen2-0.5b", "full", "ddp8"),  # NOTE [ DDP on fake tensors ]
+        ("smolvlm-256m", "lora", "none"),  # its pixels stay real (NOTE [ Real bookkeeping tensors ])
+        ("qwen2.5-vl-3b", "frozen-vision", "none"),  # its window index is built on the host
+        ("gemma-2-2b", "lora", "none"),  # NOTE [ Gemma 2 attention ]
+    ],
 )
 def test_hf_truth_remeasure_equals_fixture(arch: str, train: str, sharding: str) -> None:
     stored = _stored(arch, train, sharding, 0)
