@@ -15,33 +15,20 @@ live tensor bytes comes from PyTorch's own trackers: ``MemTracker`` (unsharded) 
 ``FSDPMemTracker`` over FSDP2 ``fully_shard`` on a fake process group of 8 ranks. Unsharded points
 also carry tokenbucket's ``StorageTracker`` peak (512 B rounding, like the CUDA allocator).
 
-NOTE [ Root-only peak stats ]
-``MemTracker._update_peak_stats`` walks every module's stats after every op (a weak-key dict
-with a ``hasattr`` per module), 80% of the run time. The global peak does not depend on the
-per-module stats, so the trackers here only keep the root module's (forward and backward peak):
-the global peak is the one stock ``MemTracker`` reports, ~5x faster.
-
-NOTE [ Real bookkeeping tensors ]
-Qwen2-VL and LLaVA-NeXT read their image grids on the host (``grid_thw.tolist()``,
-``cu_seqlens`` split sizes; Qwen2.5-VL's window index too), and Idefics3 (SmolVLM) reads its pixels and pixel mask to drop
-padding tiles and place each patch's position. Fake tensors have no data, so those inputs stay
-real tensors, and ``_RealOps`` runs any op whose tensor inputs are all real on the real tensors
-(not counted; SmolVLM's real pixels are stood in for by a fake tensor of their size held through
-the step, as every other arch's fake pixels are). Everything with a fake input stays fake. The 3-D rope positions of Qwen2-VL are
-computed from the real ``input_ids`` before the fake step and passed in.
+The measuring engine is ``tokenbucket.cost.hf_profile.measure_step`` (NOTE [ Root-only peak
+stats ] and NOTE [ Real bookkeeping tensors ] there); this script owns the configs, the shapes
+and its own image-token counting, written from each processor's rules apart from the
+package's, so the fixture checks the package's counts too.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 import time
-import types
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +38,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import peft
 import torch
 import transformers
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import MemTracker
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from transformers.initialization import no_init_weights
 
-from tokenbucket.cost.profile import StorageTracker
+from tokenbucket.cost.hf_profile import apply_training, bf16_default, measure_step
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf_truth.json"
 WORLD = 8
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 # -- configs (real sizes, built in code) -------------------------------------------------------
 
@@ -395,136 +376,19 @@ def image_tokens_per_image(name: str, config: Any, h: int, w: int) -> int:
     return 0
 
 
-# -- the fake step -----------------------------------------------------------------------------
-
-
-class _RealOps(TorchDispatchMode):  # type: ignore[misc]
-    """Runs ops whose tensor inputs are all real on real tensors (see NOTE [ Real bookkeeping tensors ])."""
-
-    def __torch_dispatch__(
-        self, func: Any, types_: Sequence[type], args: tuple[object, ...] = (), kwargs: dict[str, object] | None = None
-    ) -> object:
-        kwargs = kwargs or {}
-        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
-            with unset_fake_temporarily():
-                return func(*args, **kwargs)
-        return func(*args, **kwargs)
-
-
-def _root_only_peaks(tracker: MemTracker, root: torch.nn.Module) -> None:
-    """NOTE [ Root-only peak stats ]: the stock peak logic, over the root module's stats only."""
-
-    def update(self: MemTracker, peak_state: Any) -> None:
-        curr = self._curr_mem_snap
-        stats = self.memory_tracking.get(root)
-        if stats is not None and stats.mod_fqn in self._mod_tracker.parents and peak_state in stats.snapshots:
-            for dev, snap in curr.items():
-                if stats.local_peak.get(dev, 0) < snap["Total"]:
-                    stats.local_peak[dev] = snap["Total"]
-                    stats.snapshots[peak_state][-1][dev] = dict(snap)
-        for dev, snap in curr.items():
-            if self._peak_mem.get(dev, 0) < snap["Total"]:
-                self._peak_mem[dev] = snap["Total"]
-                self._peak_mem_snap[dev] = dict(snap)
-
-    tracker._update_peak_stats = types.MethodType(update, tracker)  # type: ignore[method-assign]
-
-
-class _NoHook:
-    def remove(self) -> None:
-        pass
-
-
-def _skip_frozen_hooks(tracker: MemTracker, model: torch.nn.Module) -> None:
-    """MemTracker hooks every parameter's grad, and ``register_hook`` raises on a frozen one.
-
-    Frozen parameters get a no-op handle pair, so the tracker sees them as hooked already.
-    """
-    for p in model.parameters():
-        if not p.requires_grad:
-            tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
-
-
-@contextlib.contextmanager
-def _bf16_default() -> Iterator[None]:
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
-
-
-@contextlib.contextmanager
-def _no_adapter_move() -> Iterator[None]:
-    orig = torch.nn.Module.to
-    torch.nn.Module.to = lambda self, *a, **k: self  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.nn.Module.to = orig  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def _host_window_index() -> Iterator[None]:
-    """Qwen2.5-VL's window index, built from the real grid on the host (NOTE [ Real bookkeeping tensors ]).
-
-    It starts from ``torch.arange``, a factory with no tensor input, so under fake mode it would
-    come out fake and its ``!= -100`` mask could not select."""
-    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as mod
-
-    orig = mod.get_vision_window_index
-
-    def on_host(*args: Any, **kwargs: Any) -> Any:
-        with unset_fake_temporarily():
-            return orig(*args, **kwargs)
-
-    mod.get_vision_window_index = on_host
-    try:
-        yield
-    finally:
-        mod.get_vision_window_index = orig
-
-
-def _layer_lists(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Decoder layers and vision blocks: the children of every ``layers``/``blocks`` ModuleList."""
-    out: list[torch.nn.Module] = []
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "blocks"):
-            out.extend(module)
-    return out
+# -- the model and its inputs ----------------------------------------------------------------
 
 
 def _build_model(name: str, config: Any, train: str) -> tuple[torch.nn.Module, list[str]]:
     """The bf16 model with ``train`` applied; returns it and the frozen module prefixes."""
     cls = getattr(transformers, ARCHS[name][0])
-    vision = ARCHS[name][1]
     # weights' values do not matter on fake tensors, and SigLIP's trunc_normal_ init reads them
-    with _bf16_default(), no_init_weights():
+    with bf16_default(), no_init_weights():
         model = cls(config)
         model.tie_weights()  # no_init_weights skips the tying that init does
         if name == "gemma-2-2b":  # NOTE [ Gemma 2 attention ]: built eager, run with sdpa
             model.config._attn_implementation = "sdpa"
-        frozen: list[str] = []
-        if train == "frozen-vision" and vision is not None:
-            tower = getattr(model.model, vision)
-            for sub_name, p in tower.named_parameters():
-                if not sub_name.startswith("merger."):  # Qwen2-VL's projector stays trainable
-                    p.requires_grad_(False)
-            frozen = [f"model.{vision}" + (" (except merger)" if hasattr(tower, "merger") else "")]
-        if train == "lora":
-            targets: str | list[str] = list(LORA_TARGETS)
-            if vision is not None:  # the LLM's projections only
-                targets = r".*(language_model|text_model).*\.(" + "|".join(LORA_TARGETS) + ")"
-            lora = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets)
-            # NOTE [ peft under fake mode ]: peft moves each new adapter to its base layer's device
-            # with ``.to()``, which swaps fake tensors and fails; here everything is on cpu already
-            with _no_adapter_move():
-                model = peft.get_peft_model(model, lora, autocast_adapter_dtype=False)
-            frozen = ["base model (all but lora_A/lora_B)"]
-    model.train()
-    return model, frozen
+        return apply_training(model, ARCHS[name][1], train)  # type: ignore[no-any-return]
 
 
 def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -575,32 +439,6 @@ def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[st
     return real, fake
 
 
-def _phase_peaks(tracker: MemTracker, root: torch.nn.Module) -> dict[str, int]:
-    stats = tracker.memory_tracking.get(root)
-    out: dict[str, int] = {}
-    if stats is None:
-        return out
-    for state, snaps in stats.snapshots.items():
-        label = str(getattr(state, "value", state))
-        if label.startswith("Peak") and snaps:
-            out[label] = max(int(s.get(torch.device("cpu"), {}).get("Total", 0)) for s in snaps)
-    return out
-
-
-def _step(
-    model: torch.nn.Module, inputs: dict[str, Any], opt: torch.optim.Optimizer, mark: Callable[[str], None]
-) -> None:
-    mark("forward")
-    loss = model(**{k: v for k, v in inputs.items() if not k.startswith("_")}).loss
-    mark("backward")
-    loss.backward()
-    del loss
-    mark("optimizer")
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    mark("idle")
-
-
 def shape_record(name: str, shape: tuple[int, int, int, int, int], config: Any | None = None) -> dict[str, int]:
     """The shape fields of one point: image_tokens and text_tokens are per sample."""
     batch, images, h, w, text = shape
@@ -627,14 +465,10 @@ def measure(
     config = build_config(name)
     fields = shape if isinstance(shape, dict) else shape_record(name, shape, config)
     real, fake_specs = _real_inputs(name, config, fields)
-    with warnings.catch_warnings(), _host_window_index():
-        warnings.simplefilter("ignore")
-        if sharding == "fsdp8":
-            out = _measure_fsdp(name, config, train, real, fake_specs, steps)
-        elif sharding == "ddp8":
-            out = _measure_ddp(name, config, train, real, fake_specs, steps)
-        else:
-            out = _measure_single(name, config, train, real, fake_specs, steps)
+    sharded = {"none": "none", "fsdp8": "fsdp", "ddp8": "ddp"}[sharding]
+    out = measure_step(
+        lambda: _build_model(name, config, train), real, fake_specs, sharding=sharded, world_size=WORLD, steps=steps
+    )
     record: dict[str, Any] = {
         "arch": name,
         "model_type": config.model_type,
@@ -649,144 +483,6 @@ def measure(
         "seconds": round(time.perf_counter() - start, 1),
     }
     return record
-
-
-def _fake_inputs(real: dict[str, Any], specs: dict[str, Any]) -> dict[str, Any]:
-    inputs = dict(real)
-    for key in ("input_ids", "labels", "position_ids", "token_type_ids"):  # per-token tensors: fake
-        if key in inputs:
-            inputs[key] = torch.empty(inputs[key].shape, dtype=inputs[key].dtype)
-    for key, (size, dtype) in specs.items():
-        inputs[key] = torch.empty(size, dtype=dtype)
-    return inputs
-
-
-def _counts(model: torch.nn.Module, world: int = 1) -> dict[str, int]:
-    total = sum(p.numel() for p in model.parameters()) * world
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) * world
-    return {"params_total": int(total), "params_trainable": int(trainable)}
-
-
-def _measure_single(
-    name: str, config: Any, train: str, real: dict[str, Any], specs: dict[str, Any], steps: int = 1
-) -> dict[str, Any]:
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        model, frozen = _build_model(name, config, train)
-        counts = _counts(model)
-        inputs = _fake_inputs(real, specs)
-        storage = StorageTracker()
-        for t in [*model.parameters(), *model.buffers(), *inputs.values()]:
-            if isinstance(t, FakeTensor):
-                storage.track(t)
-        tracker = MemTracker()
-        _root_only_peaks(tracker, model)
-        _skip_frozen_hooks(tracker, model)
-        tracker.track_external(model, *[t for t in inputs.values() if isinstance(t, FakeTensor)])
-        with tracker, storage, _RealOps():
-            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
-            tracker.track_external(opt)
-            for i in range(steps):
-                if i:  # MemTracker keeps per-module stats of one iteration; the overall peak stays
-                    tracker.reset_mod_stats()
-                _step(model, inputs, opt, storage.set_phase)
-            del opt
-        peak = int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
-        by_type = {
-            str(k.value if hasattr(k, "value") else k): int(v)
-            for k, v in tracker._peak_mem_snap[torch.device("cpu")].items()
-        }
-    return {
-        "peak_bytes": peak,
-        "peak_breakdown": by_type,
-        "phase_peaks": _phase_peaks(tracker, model),
-        "storage_tracker_peak": storage.peak,
-        "storage_tracker_phase_peaks": {k: v for k, v in storage.peaks.items() if k != "idle"},
-        "frozen": frozen,
-        **counts,
-    }
-
-
-def _measure_ddp(
-    name: str, config: Any, train: str, real: dict[str, Any], specs: dict[str, Any], steps: int = 1
-) -> dict[str, Any]:
-    """One step under ``DistributedDataParallel`` (PyTorch's defaults) on a fake process group.
-
-    NOTE [ DDP on fake tensors ]: DDP reads parameter values twice, to check that every rank
-    holds the same shapes and to broadcast rank 0's weights; a fake tensor has no values, so
-    both are skipped (one process stands for every rank). Its all-reduce is a no-op hook (in
-    place on the bucket, as NCCL's is). The second step rebuilds the buckets in the order the
-    first backward produced them, which reads an index tensor: one step only.
-    """
-    import torch.distributed as dist
-    import torch.nn.parallel.distributed as ddp_module
-    from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if steps != 1:
-        raise ValueError("DDP is measured over one step (NOTE [ DDP on fake tensors ])")
-    verify = ddp_module._verify_param_shape_across_processes
-    ddp_module._verify_param_shape_across_processes = lambda *a, **k: None
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            model, frozen = _build_model(name, config, train)
-            counts = _counts(model)
-            inputs = _fake_inputs(real, specs)
-            tracker = MemTracker()
-            _root_only_peaks(tracker, model)
-            _skip_frozen_hooks(tracker, model)
-            with tracker, _RealOps():
-                wrapped = ddp_module.DistributedDataParallel(model, init_sync=False)  # buckets made here
-                wrapped.register_comm_hook(None, noop_hook)
-                tracker.track_external(model, *[t for t in inputs.values() if isinstance(t, FakeTensor)])
-                opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
-                tracker.track_external(opt)
-                _step(wrapped, inputs, opt, lambda _phase: None)
-            peak = int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
-            snap = tracker._peak_mem_snap[torch.device("cpu")]
-            by_type = {str(k.value if hasattr(k, "value") else k): int(v) for k, v in snap.items()}
-            phases = _phase_peaks(tracker, model)
-    finally:
-        dist.destroy_process_group()
-        ddp_module._verify_param_shape_across_processes = verify
-    return {"peak_bytes": peak, "peak_breakdown": by_type, "phase_peaks": phases, "frozen": frozen, **counts}
-
-
-def _measure_fsdp(
-    name: str, config: Any, train: str, real: dict[str, Any], specs: dict[str, Any], steps: int = 1
-) -> dict[str, Any]:
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
-    try:
-        mesh = init_device_mesh("cpu", (WORLD,))
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            model, frozen = _build_model(name, config, train)
-            counts = _counts(model)
-            for layer in _layer_lists(model):
-                fully_shard(layer, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-            inputs = _fake_inputs(real, specs)
-            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
-            tracker = FSDPMemTracker(model, opt)
-            _root_only_peaks(tracker, model)
-            _skip_frozen_hooks(tracker, model)
-            tracker.track_inputs(tuple(v for v in inputs.values() if isinstance(v, FakeTensor)))
-            with tracker, _RealOps():
-                for i in range(steps):
-                    if i:
-                        tracker.reset_mod_stats()
-                    _step(model, inputs, opt, lambda _phase: None)
-            peak = int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
-            snap = tracker._peak_mem_snap[torch.device("cpu")]
-            by_type = {str(k.value if hasattr(k, "value") else k): int(v) for k, v in snap.items()}
-            phases = _phase_peaks(tracker, model)
-    finally:
-        dist.destroy_process_group()
-    return {"peak_bytes": peak, "peak_breakdown": by_type, "phase_peaks": phases, "frozen": frozen, **counts}
 
 
 # -- the fixture -------------------------------------------------------------------------------

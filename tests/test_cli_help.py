@@ -90,12 +90,9 @@ def test_cli_version_prints_the_installed_version(capsys: pytest.CaptureFixture[
     assert out == f"tokenbucket {importlib.metadata.version('tokenbucket')}\n"
 
 
-def test_cli_version_falls_back_to_the_package_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    def not_installed(name: str) -> str:
-        raise importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", not_installed)
-    assert version() == tokenbucket.__version__
+def test_cli_version_is_the_distributions_version() -> None:
+    """``version()`` reads the package's ``__version__``; it must not drift from pyproject's."""
+    assert version() == tokenbucket.__version__ == importlib.metadata.version("tokenbucket")
 
 
 def test_python_dash_m_tokenbucket_runs_the_cli_and_passes_exit_codes() -> None:

@@ -20,13 +20,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "tokenbucket"
 # bottom to top; the top-level package (the public API) sits above them all
 STAGES = ("_base", "tokens", "cost", "plan", "train", "stream", "monitor", "cli")
 BASE_MODULES = ("_exceptions", "_values", "_arrays", "_search", "_config", "_progress", "testing")
-MAX_DEFERRED = 5
+MAX_DEFERRED = 6  # ray, lightning, accelerate, hf trainer, transformers for profile --hf-config, peft for LoRA
 # modules that import an optional dependency at their top (ray, lightning, accelerate, transformers)
 OPTIONAL_MODULES = (
     "tokenbucket.plan.ray_engine",
     "tokenbucket.train.lightning",
     "tokenbucket.train.accelerate",
     "tokenbucket.train.hf_trainer",
+    "tokenbucket.cost.hf_profile",
 )
 MAX_LINES = 700
 MAX_ANY_PARAMETERS = 10

@@ -29,13 +29,14 @@ from tokenbucket.tokens._hf_json import (
     HFConfig,
     read_hf_config,
 )
-from tokenbucket.tokens.spec import CountRule, TokenSpec, _camera_py
+from tokenbucket.tokens.spec import CountRule, TokenSpec, _camera_py, _smart_resize
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "HFConfig",
     "VisionInputs",
     "image_tokens",
+    "patch_grid",
     "read_hf_config",
     "token_spec_from_hf",
     "vision_inputs",
@@ -240,6 +241,25 @@ def image_tokens(config: str | Path | HFConfig, height: int, width: int) -> int:
     if small is not None:
         raise ConfigError(f"an image of {height}x{width} has no whole patch along its {small}")
     return tokens
+
+
+def patch_grid(config: str | Path | HFConfig, height: int, width: int) -> tuple[int, int]:
+    """Qwen2-VL / Qwen2.5-VL: the pre-merge patch grid ``(rows, cols)`` of one ``height x width``
+    image after the processor's resize (``image_grid_thw`` without its temporal 1).
+
+    Example:
+        >>> from tokenbucket.tokens._hf_json import HFConfig
+        >>> patch_grid(HFConfig("<qwen>", {"model_type": "qwen2_vl"}), 448, 672)
+        (32, 48)
+    """
+    cfg = read_hf_config(config)
+    if cfg.model_type not in ("qwen2_vl", "qwen2_5_vl"):
+        raise ConfigError(f"config.json {cfg.path!r}: model_type {cfg.model_type!r} has no patch grid (Qwen2-VL only)")
+    image_tokens(cfg, height, width)  # the same checks
+    spec = token_spec_from_hf(cfg)
+    hb, wb = _smart_resize(spec.camera_spec(spec.slot_name(0)), height, width)
+    patch = cfg.vision_int("patch_size")
+    return hb // patch, wb // patch
 
 
 @dataclass(frozen=True)

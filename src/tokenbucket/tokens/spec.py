@@ -138,6 +138,24 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _smart_resize(cs: CameraSpec, h: int, w: int) -> tuple[int, int]:
+    """The ``max_pixels`` resize (Qwen2-VL's ``smart_resize``): both sides multiples of patch x merge."""
+    if cs.max_pixels is None:  # CameraSpec.__post_init__ guarantees it with resize="max_pixels"
+        raise AssertionError("cs.max_pixels is unset")
+    factor = cs.patch * cs.merge
+    hb = max(factor, round(h / factor) * factor)
+    wb = max(factor, round(w / factor) * factor)
+    if hb * wb > cs.max_pixels:
+        beta = math.sqrt(h * w / cs.max_pixels)
+        hb = max(factor, math.floor(h / beta / factor) * factor)
+        wb = max(factor, math.floor(w / beta / factor) * factor)
+    elif hb * wb < cs.min_pixels:
+        beta = math.sqrt(cs.min_pixels / (h * w))
+        hb = math.ceil(h * beta / factor) * factor
+        wb = math.ceil(w * beta / factor) * factor
+    return hb, wb
+
+
 def _spatial_py(cs: CameraSpec, h: int, w: int) -> tuple[int, str | None]:
     """Spatial tokens per frame; or ``(0, "height"|"width")`` when too small under crop."""
     p, m = cs.patch, cs.merge
@@ -149,19 +167,8 @@ def _spatial_py(cs: CameraSpec, h: int, w: int) -> tuple[int, str | None]:
             return 0, "width"
         return gh * gw, None
     if cs.resize == "max_pixels":
-        if cs.max_pixels is None:  # CameraSpec.__post_init__ guarantees it
-            raise AssertionError("cs.max_pixels is unset")
         factor = p * m
-        hb = max(factor, round(h / factor) * factor)
-        wb = max(factor, round(w / factor) * factor)
-        if hb * wb > cs.max_pixels:
-            beta = math.sqrt(h * w / cs.max_pixels)
-            hb = max(factor, math.floor(h / beta / factor) * factor)
-            wb = max(factor, math.floor(w / beta / factor) * factor)
-        elif hb * wb < cs.min_pixels:
-            beta = math.sqrt(cs.min_pixels / (h * w))
-            hb = math.ceil(h * beta / factor) * factor
-            wb = math.ceil(w * beta / factor) * factor
+        hb, wb = _smart_resize(cs, h, w)
         return (hb // factor) * (wb // factor), None
     if cs.resize == "fixed":
         if cs.fixed_size is None:  # CameraSpec.__post_init__ guarantees it

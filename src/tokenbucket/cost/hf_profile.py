@@ -1,0 +1,550 @@
+"""Measure a Hugging Face model's training peak from its ``config.json``: fake tensors, no GPU, no weights.
+
+:func:`profile_hf` builds the real ``transformers`` model from the config at its real size, in
+bf16, under ``FakeTensorMode`` on the CPU, turns one sample's shape (the same
+:class:`~tokenbucket.cost.staged.Sample` the staged cost model prices) into the inputs the
+model's processor would make (``input_ids`` with the image tokens, ``pixel_values``, the grid or
+image-size fields, ``labels``), applies the training setup (frozen tower, LoRA via ``peft``,
+FSDP2 or DDP over a fake process group) and runs training steps: forward, backward,
+``AdamW(foreach=True).step()``. The peak of live bytes comes from PyTorch's own trackers
+(``MemTracker``, and ``FSDPMemTracker`` under FSDP). ``transformers`` is an optional extra
+(``pip install 'tokenbucket[transformers]'``; ``peft`` too for LoRA).
+
+:func:`measure_step` is the engine under it, for any model and inputs (``benchmarks/hf_truth.py``
+makes the truth set with it).
+
+Example:
+    >>> from tokenbucket.cost.staged import Sample, TrainSetup
+    >>> config = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+    ...           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    ...           "vocab_size": 1000}
+    >>> from tokenbucket.tokens._hf_json import HFConfig
+    >>> run = profile_hf(HFConfig("<tiny>", config), Sample(text_tokens=128), batch=2)
+    >>> run.peak_bytes > 0 and run.params_total == run.params_trainable
+    True
+
+NOTE [ Root-only peak stats ]
+``MemTracker._update_peak_stats`` walks every module's stats after every op (a weak-key dict
+with a ``hasattr`` per module), 80% of the run time. The global peak does not depend on the
+per-module stats, so the trackers here keep only the root module's (forward and backward peak):
+the global peak is the one stock ``MemTracker`` reports, ~5x faster.
+
+NOTE [ Real bookkeeping tensors ]
+Qwen2-VL and LLaVA-NeXT read their image grids on the host (``grid_thw.tolist()``,
+``cu_seqlens`` split sizes; Qwen2.5-VL's window index too), and Idefics3 (SmolVLM) reads its
+pixels and pixel mask to drop padding tiles and place each patch's position. Fake tensors have
+no data, so those inputs stay real tensors, and ``_RealOps`` runs any op whose tensor inputs are
+all real on the real tensors (not counted; Idefics3's real pixels are stood in for by a fake
+tensor of their size held through the step, as every other model's fake pixels are). Everything
+with a fake input stays fake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+import types
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TRANSFORMERS_DISABLE_TORCH_CHECK", "1")  # its checks read fake tensor values
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+import torch.distributed as dist
+import torch.nn.parallel.distributed as ddp_module
+import transformers
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from transformers.initialization import no_init_weights
+from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.cost.profile import StorageTracker
+from tokenbucket.cost.staged import Sample, TrainSetup
+from tokenbucket.tokens._hf_json import DECODER_TYPES, HFConfig
+from tokenbucket.tokens.hf import patch_grid, read_hf_config, vision_inputs
+
+__all__ = ["HF_CLASSES", "HFProfile", "measure_step", "profile_hf"]
+
+Builder = Callable[[], tuple[torch.nn.Module, list[str]]]
+InputSpecs = dict[str, tuple[tuple[int, ...], torch.dtype]]
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# model_type -> (transformers class, the vision tower's attribute under ``model.model``)
+HF_CLASSES: dict[str, tuple[str, str | None]] = {
+    "qwen2": ("Qwen2ForCausalLM", None),
+    "llama": ("LlamaForCausalLM", None),
+    "gemma": ("GemmaForCausalLM", None),
+    "gemma2": ("Gemma2ForCausalLM", None),
+    "qwen2_vl": ("Qwen2VLForConditionalGeneration", "visual"),
+    "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "visual"),
+    "llava": ("LlavaForConditionalGeneration", "vision_tower"),
+    "llava_next": ("LlavaNextForConditionalGeneration", "vision_tower"),
+    "paligemma": ("PaliGemmaForConditionalGeneration", "vision_tower"),
+    "idefics3": ("Idefics3ForConditionalGeneration", "vision_model"),
+    "smolvlm": ("SmolVLMForConditionalGeneration", "vision_model"),
+}
+
+
+# -- the engine ----------------------------------------------------------------------------------
+
+
+class _RealOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Runs ops whose tensor inputs are all real on real tensors (NOTE [ Real bookkeeping tensors ])."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+
+    def __torch_dispatch__(
+        self, func: Any, types_: Sequence[type], args: tuple[object, ...] = (), kwargs: dict[str, object] | None = None
+    ) -> object:
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _root_only_peaks(tracker: MemTracker, root: torch.nn.Module) -> None:
+    """NOTE [ Root-only peak stats ]: the stock peak logic, over the root module's stats only."""
+
+    def update(self: MemTracker, peak_state: Any) -> None:
+        curr = self._curr_mem_snap
+        stats = self.memory_tracking.get(root)  # type: ignore[no-untyped-call]
+        if stats is not None and stats.mod_fqn in self._mod_tracker.parents and peak_state in stats.snapshots:
+            for dev, snap in curr.items():
+                if stats.local_peak.get(dev, 0) < snap["Total"]:
+                    stats.local_peak[dev] = snap["Total"]
+                    stats.snapshots[peak_state][-1][dev] = dict(snap)
+        for dev, snap in curr.items():
+            if self._peak_mem.get(dev, 0) < snap["Total"]:
+                self._peak_mem[dev] = snap["Total"]
+                self._peak_mem_snap[dev] = dict(snap)
+
+    tracker._update_peak_stats = types.MethodType(update, tracker)  # type: ignore[method-assign]
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _skip_frozen_hooks(tracker: MemTracker, model: torch.nn.Module) -> None:
+    """MemTracker hooks every parameter's grad, and ``register_hook`` raises on a frozen one:
+    frozen parameters get a no-op handle pair, so the tracker sees them as hooked already."""
+    for p in model.parameters():
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+
+
+@contextlib.contextmanager
+def bf16_default() -> Iterator[None]:
+    """bf16 as the default dtype while a model is built (``.to()`` cannot swap fake weights)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+@contextlib.contextmanager
+def _no_adapter_move() -> Iterator[None]:
+    """``Module.to`` as a no-op while peft adds adapters (NOTE [ peft under fake mode ])."""
+    orig = torch.nn.Module.to
+    torch.nn.Module.to = lambda self, *a, **k: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = orig  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def host_window_index() -> Iterator[None]:
+    """Qwen2.5-VL's window index, built from the real grid on the host (NOTE [ Real bookkeeping tensors ]).
+
+    It starts from ``torch.arange``, a factory with no tensor input, so under fake mode it would
+    come out fake and its ``!= -100`` mask could not select."""
+    orig = modeling_qwen2_5_vl.get_vision_window_index  # type: ignore[attr-defined]
+
+    def on_host(*args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():
+            return orig(*args, **kwargs)
+
+    modeling_qwen2_5_vl.get_vision_window_index = on_host  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        modeling_qwen2_5_vl.get_vision_window_index = orig  # type: ignore[attr-defined]
+
+
+def apply_training(
+    model: torch.nn.Module, vision: str | None, train: str, lora_rank: int = 16
+) -> tuple[Any, list[str]]:
+    """``train`` (``full``, ``frozen-vision``, ``lora``) applied to a built model: (model, frozen prefixes)."""
+    frozen: list[str] = []
+    if train == "frozen-vision" and vision is not None:
+        tower = getattr(model.model, vision)
+        for sub_name, p in tower.named_parameters():
+            if not sub_name.startswith("merger."):  # Qwen2-VL's projector stays trainable
+                p.requires_grad_(False)
+        frozen = [f"model.{vision}" + (" (except merger)" if hasattr(tower, "merger") else "")]
+    if train == "lora":
+        import peft  # optional: only LoRA needs peft (pip install 'tokenbucket[peft]')
+
+        targets: str | list[str] = list(LORA_TARGETS)
+        if vision is not None:  # the LLM's projections only
+            targets = r".*(language_model|text_model).*\.(" + "|".join(LORA_TARGETS) + ")"
+        lora = peft.LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0, target_modules=targets)
+        # NOTE [ peft under fake mode ]: peft moves each new adapter to its base layer's device
+        # with ``.to()``, which swaps fake tensors and fails; here everything is on cpu already
+        with _no_adapter_move():
+            model = peft.get_peft_model(model, lora, autocast_adapter_dtype=False)
+        frozen = ["base model (all but lora_A/lora_B)"]
+    model.train()
+    return model, frozen
+
+
+def _layer_lists(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Decoder layers and vision blocks: the children of every ``layers``/``blocks`` ModuleList."""
+    out: list[torch.nn.Module] = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "blocks"):
+            out.extend(module)
+    return out
+
+
+def _fake_inputs(real: dict[str, Any], specs: InputSpecs) -> dict[str, Any]:
+    inputs = dict(real)
+    for key in ("input_ids", "labels", "position_ids", "token_type_ids"):  # per-token tensors: fake
+        if key in inputs:
+            inputs[key] = torch.empty(inputs[key].shape, dtype=inputs[key].dtype)
+    for key, (size, dtype) in specs.items():
+        inputs[key] = torch.empty(size, dtype=dtype)
+    return inputs
+
+
+def _counts(model: torch.nn.Module, world: int = 1) -> dict[str, int]:
+    total = sum(p.numel() for p in model.parameters()) * world
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) * world
+    return {"params_total": int(total), "params_trainable": int(trainable)}
+
+
+def _phase_peaks(tracker: MemTracker, root: torch.nn.Module) -> dict[str, int]:
+    stats = tracker.memory_tracking.get(root)  # type: ignore[no-untyped-call]
+    out: dict[str, int] = {}
+    if stats is None:
+        return out
+    for state, snaps in stats.snapshots.items():
+        label = str(getattr(state, "value", state))
+        if label.startswith("Peak") and snaps:
+            out[label] = max(int(s.get(torch.device("cpu"), {}).get("Total", 0)) for s in snaps)
+    return out
+
+
+def _step(
+    model: torch.nn.Module, inputs: dict[str, Any], opt: torch.optim.Optimizer, mark: Callable[[str], None]
+) -> None:
+    mark("forward")
+    loss = model(**{k: v for k, v in inputs.items() if not k.startswith("_")}).loss
+    mark("backward")
+    loss.backward()
+    del loss
+    mark("optimizer")
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    mark("idle")
+
+
+def _snapshot(tracker: MemTracker, model: torch.nn.Module) -> dict[str, Any]:
+    snap = tracker._peak_mem_snap[torch.device("cpu")]
+    return {
+        "peak_bytes": int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]),
+        "peak_breakdown": {str(k.value if hasattr(k, "value") else k): int(v) for k, v in snap.items()},
+        "phase_peaks": _phase_peaks(tracker, model),
+    }
+
+
+def _single(build: Builder, real: dict[str, Any], specs: InputSpecs, steps: int) -> dict[str, Any]:
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model, frozen = build()
+        counts = _counts(model)
+        inputs = _fake_inputs(real, specs)
+        storage = StorageTracker()
+        for t in [*model.parameters(), *model.buffers(), *inputs.values()]:
+            if isinstance(t, FakeTensor):
+                storage.track(t)
+        tracker = MemTracker()
+        _root_only_peaks(tracker, model)
+        _skip_frozen_hooks(tracker, model)
+        tracker.track_external(model, *[t for t in inputs.values() if isinstance(t, FakeTensor)])
+        with tracker, storage, _RealOps():
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+            tracker.track_external(opt)
+            for i in range(steps):
+                if i:  # MemTracker keeps per-module stats of one iteration; the overall peak stays
+                    tracker.reset_mod_stats()
+                _step(model, inputs, opt, storage.set_phase)
+            del opt
+        out = _snapshot(tracker, model)
+    return {
+        **out,
+        "storage_tracker_peak": storage.peak,
+        "storage_tracker_phase_peaks": {k: v for k, v in storage.peaks.items() if k != "idle"},
+        "frozen": frozen,
+        **counts,
+    }
+
+
+def _fsdp(build: Builder, real: dict[str, Any], specs: InputSpecs, steps: int, world: int) -> dict[str, Any]:
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model, frozen = build()
+            counts = _counts(model)  # the whole model's, before it is sharded
+            for layer in _layer_lists(model):
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            inputs = _fake_inputs(real, specs)
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+            tracker = FSDPMemTracker(model, opt)
+            _root_only_peaks(tracker, model)
+            _skip_frozen_hooks(tracker, model)
+            tracker.track_inputs(tuple(v for v in inputs.values() if isinstance(v, FakeTensor)))
+            with tracker, _RealOps():
+                for i in range(steps):
+                    if i:
+                        tracker.reset_mod_stats()
+                    _step(model, inputs, opt, lambda _phase: None)
+            out = _snapshot(tracker, model)
+    finally:
+        dist.destroy_process_group()
+    return {**out, "frozen": frozen, **counts}
+
+
+def _ddp(build: Builder, real: dict[str, Any], specs: InputSpecs, steps: int, world: int) -> dict[str, Any]:
+    """NOTE [ DDP on fake tensors ]: DDP reads parameter values twice, to check that every rank
+    holds the same shapes and to broadcast rank 0's weights; a fake tensor has no values, so
+    both are skipped (one process stands for every rank). Its all-reduce is a no-op hook (in
+    place on the bucket, as NCCL's is). The second step rebuilds the buckets in the order the
+    first backward produced them, which reads an index tensor: one step only."""
+
+    if steps != 1:
+        raise ConfigError(f"DDP is measured over one step on fake tensors, but got steps={steps}")
+    verify = ddp_module._verify_param_shape_across_processes  # type: ignore[attr-defined]
+    ddp_module._verify_param_shape_across_processes = lambda *a, **k: None  # type: ignore[attr-defined]
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model, frozen = build()
+            counts = _counts(model)
+            inputs = _fake_inputs(real, specs)
+            tracker = MemTracker()
+            _root_only_peaks(tracker, model)
+            _skip_frozen_hooks(tracker, model)
+            with tracker, _RealOps():
+                wrapped = ddp_module.DistributedDataParallel(model, init_sync=False)  # buckets made here
+                wrapped.register_comm_hook(None, noop_hook)
+                tracker.track_external(model, *[t for t in inputs.values() if isinstance(t, FakeTensor)])
+                opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+                tracker.track_external(opt)
+                _step(wrapped, inputs, opt, lambda _phase: None)
+            out = _snapshot(tracker, model)
+    finally:
+        dist.destroy_process_group()
+        ddp_module._verify_param_shape_across_processes = verify  # type: ignore[attr-defined]
+    return {**out, "frozen": frozen, **counts}
+
+
+def measure_step(
+    build: Builder, real: dict[str, Any], fake: InputSpecs, *, sharding: str = "none", world_size: int = 1,
+    steps: int = 1,
+) -> dict[str, Any]:  # fmt: skip
+    """The peak of ``steps`` training steps of the model ``build()`` makes (under fake mode).
+
+    Args:
+        build: returns ``(model, frozen prefixes)``; called under ``FakeTensorMode`` (and after
+            the fake process group is up when sharded). Build in bf16 with :func:`bf16_default`.
+        real: inputs kept real (token ids, grids: NOTE [ Real bookkeeping tensors ]); the
+            per-token ones (``input_ids``, ``labels``, ``position_ids``, ``token_type_ids``) are
+            re-made fake at their shape. Keys starting with ``_`` are held, not passed.
+        fake: ``{name: (shape, dtype)}`` inputs made fake (pixels).
+        sharding: ``none``, ``fsdp`` (FSDP2, one unit per decoder layer and vision block, the
+            root one more) or ``ddp`` (NOTE [ DDP on fake tensors ]), over ``world_size`` fake ranks.
+        steps: 1 (the first step) or 2 (the steady state, optimizer states live).
+
+    Returns:
+        ``peak_bytes`` (per rank), ``peak_breakdown`` (the tracker's categories at the peak),
+        ``phase_peaks``, ``frozen``, ``params_total`` and ``params_trainable`` (whole model).
+    """
+    with warnings.catch_warnings(), host_window_index():
+        warnings.simplefilter("ignore")
+        if sharding == "fsdp":
+            return _fsdp(build, real, fake, steps, world_size)
+        if sharding == "ddp":
+            return _ddp(build, real, fake, steps, world_size)
+        if sharding != "none":
+            raise ConfigError(f"sharding should be one of ['none', 'fsdp', 'ddp'] to measure, but got {sharding!r}")
+        return _single(build, real, fake, steps)
+
+
+# -- a Hugging Face config and one sample's shape ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HFProfile:
+    """One measured training step (per rank); ``breakdown`` is the tracker's categories at the peak."""
+
+    peak_bytes: int
+    breakdown: dict[str, int]
+    phase_peaks: dict[str, int]
+    params_total: int
+    params_trainable: int
+    seq_len: int
+    seconds: float
+    versions: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def transformers_config(cfg: HFConfig) -> tuple[Any, list[str]]:
+    """The ``transformers`` config of ``cfg`` with sdpa attention, and notes on what was changed."""
+    data = {k: v for k, v in cfg.config.items() if k not in ("model_type", "architectures", "transformers_version")}
+    config = transformers.AutoConfig.for_model(cfg.model_type, **data)
+    notes = []
+    impl = "sdpa"
+    if cfg.model_type == "gemma2" or (config.get_text_config().model_type == "gemma2"):
+        # NOTE [ Gemma 2 attention ]: trained with flash-attention 2 (soft-cap in the kernel, no
+        # score matrix); sdpa has no soft-cap, so it runs with the attention soft-cap off
+        text = config.get_text_config()
+        if getattr(text, "attn_logit_softcapping", None) is not None:
+            text.attn_logit_softcapping = None
+            notes.append("Gemma 2's attention soft-cap is off (sdpa stands in for flash-attention 2)")
+        impl = "eager"  # transformers refuses sdpa for Gemma 2 at build time; switched after
+    config._attn_implementation = impl
+    for sub in ("text_config", "vision_config"):
+        if hasattr(config, sub):
+            getattr(config, sub)._attn_implementation = "sdpa" if sub == "vision_config" else impl
+    return config, notes
+
+
+def hf_inputs(cfg: HFConfig, config: Any, sample: Sample, batch: int) -> tuple[dict[str, Any], InputSpecs]:
+    """The inputs a processor makes for ``batch`` samples shaped like ``sample`` (real, fake)."""
+    mt = cfg.model_type
+    images = sample.images if mt not in DECODER_TYPES else 0
+    vi = vision_inputs(cfg, sample.height, sample.width) if images else None
+    n_img = vi.llm_tokens * images if vi else 0
+    length = n_img + sample.text_tokens
+    real: dict[str, Any] = {}
+    fake: InputSpecs = {}
+    ids = torch.full((batch, length), 1, dtype=torch.long)
+    if vi is not None:
+        named: Any = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", 0)
+        token = int(named)
+        if mt in ("qwen2_vl", "qwen2_5_vl"):
+            gh, gw = patch_grid(cfg, sample.height, sample.width)
+            row: list[int] = []
+            for _ in range(images):
+                row += [config.vision_start_token_id] + [token] * vi.llm_tokens + [config.vision_end_token_id]
+            ids[:, : len(row)] = torch.tensor(row)
+            grid = torch.tensor([[1, gh, gw]] * (images * batch), dtype=torch.long)
+            mm = torch.eq(ids, token).int()
+            model_cls = getattr(transformers, HF_CLASSES[mt][0].replace("ForConditionalGeneration", "Model"))
+            shell = model_cls.__new__(model_cls)  # get_rope_index reads only the config
+            torch.nn.Module.__init__(shell)
+            shell.config = config
+            pos, _ = shell.get_rope_index(ids, mm, grid, None, None)
+            real.update(image_grid_thw=grid, position_ids=pos)
+            temporal = int(cfg.vision_int("temporal_patch_size"))
+            fake["pixel_values"] = ((images * batch * gh * gw, 3 * temporal * cfg.vision_int("patch_size") ** 2),
+                                    torch.bfloat16)  # fmt: skip
+        else:
+            ids[:, :n_img] = token
+            side = int(config.vision_config.image_size)
+            if mt == "llava_next":
+                real["image_sizes"] = torch.tensor([[sample.height, sample.width]] * (images * batch), dtype=torch.long)
+                fake["pixel_values"] = ((images * batch, vi.tower_images, 3, side, side), torch.bfloat16)
+            elif mt in ("idefics3", "smolvlm"):  # NOTE [ Real bookkeeping tensors ]: it reads its pixels
+                tiles = vi.tower_images * images
+                real["pixel_values"] = torch.ones((batch, tiles, 3, side, side), dtype=torch.bfloat16)
+                real["pixel_attention_mask"] = torch.ones((batch, tiles, side, side), dtype=torch.bool)
+                fake["_pixels_held"] = ((batch, tiles, 3, side, side), torch.bfloat16)
+            else:
+                fake["pixel_values"] = ((images * batch, 3, side, side), torch.bfloat16)
+            if mt == "paligemma":
+                tt = torch.zeros((batch, length), dtype=torch.long)
+                tt[:, length // 2 :] = 1  # prefix (image + prompt) then suffix, half and half
+                real["token_type_ids"] = tt
+    real["input_ids"] = ids
+    real["labels"] = ids.clone()
+    return real, fake
+
+
+def profile_hf(
+    config: str | Path | HFConfig, sample: Sample, batch: int = 1, setup: TrainSetup | None = None, *,
+    steps: int = 1,
+) -> HFProfile:  # fmt: skip
+    """Measure one (``steps=2``: a steady-state) training step of the model ``config`` describes.
+
+    Args:
+        config: a ``config.json``, its folder, or an ``HFConfig`` (a supported ``model_type``).
+        sample: one sample's shape; every sample of the batch has it.
+        batch: samples per step (per rank).
+        setup: the training setup; ``sharding`` ``none``, ``fsdp`` or ``ddp`` (ZeRO is
+            DeepSpeed's and is not measured), no activation checkpointing.
+        steps: 1 or 2 (DDP: 1).
+
+    Raises:
+        ConfigError: an unsupported model or setup.
+    """
+    setup = TrainSetup() if setup is None else setup
+    cfg = read_hf_config(config)
+    if setup.sharding in ("zero2", "zero3"):
+        raise ConfigError(f"sharding={setup.sharding!r} is DeepSpeed's and is not measured here: use fsdp or ddp")
+    if setup.vision_checkpointing != "none" or setup.backbone_checkpointing != "none":
+        raise ConfigError("activation checkpointing is not measured yet: profile without it")
+    if setup.optimizer != "adamw":
+        raise ConfigError(f"optimizer={setup.optimizer!r} is not measured yet: profile with adamw")
+    if setup.sharding == "ddp" and setup.ddp_bucket_view:
+        raise ConfigError("ddp_bucket_view=True is not measured yet: profile PyTorch's default buckets")
+    if steps not in (1, 2):
+        raise ConfigError(f"steps should be 1 or 2, but got steps={steps}")
+    cls_name, vision = HF_CLASSES[cfg.model_type]
+    cls = getattr(transformers, cls_name)
+    tconfig, notes = transformers_config(cfg)
+    real, fake = hf_inputs(cfg, tconfig, sample, batch)
+
+    def build() -> tuple[torch.nn.Module, list[str]]:
+        # weights' values do not matter on fake tensors, and SigLIP's trunc_normal_ init reads them
+        with bf16_default(), no_init_weights():
+            model = cls(tconfig)
+            model.tie_weights()  # no_init_weights skips the tying that init does
+            if tconfig._attn_implementation == "eager":  # NOTE [ Gemma 2 attention ]: run with sdpa
+                model.config._attn_implementation = "sdpa"
+            return apply_training(model, vision, setup.train, setup.lora_rank)
+
+    start = time.perf_counter()
+    out = measure_step(build, real, fake, sharding=setup.sharding, world_size=setup.world_size, steps=steps)
+    return HFProfile(
+        peak_bytes=out["peak_bytes"], breakdown=out["peak_breakdown"], phase_peaks=out["phase_peaks"],
+        params_total=out["params_total"], params_trainable=out["params_trainable"],
+        seq_len=int(real["input_ids"].shape[1]), seconds=round(time.perf_counter() - start, 1),
+        versions={"torch": torch.__version__, "transformers": transformers.__version__}, notes=tuple(notes),
+    )  # fmt: skip
