@@ -40,7 +40,8 @@ import torch
 import transformers
 from transformers.initialization import no_init_weights
 
-from tokenbucket.cost.hf_profile import apply_training, bf16_default, measure_step
+from tokenbucket.cost.hf_profile import apply_training, measure_step
+from tokenbucket.cost.profile import default_dtype
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf_truth.json"
 WORLD = 8
@@ -383,7 +384,7 @@ def _build_model(name: str, config: Any, train: str) -> tuple[torch.nn.Module, l
     """The bf16 model with ``train`` applied; returns it and the frozen module prefixes."""
     cls = getattr(transformers, ARCHS[name][0])
     # weights' values do not matter on fake tensors, and SigLIP's trunc_normal_ init reads them
-    with bf16_default(), no_init_weights():
+    with default_dtype(torch.bfloat16), no_init_weights():
         model = cls(config)
         model.tie_weights()  # no_init_weights skips the tying that init does
         if name == "gemma-2-2b":  # NOTE [ Gemma 2 attention ]: built eager, run with sdpa

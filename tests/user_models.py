@@ -28,3 +28,23 @@ def build() -> nn.Module:
 
 def make_batch(batch: int, length: int) -> torch.Tensor:
     return torch.empty(batch, length, 128)
+
+
+def hf_qwen2() -> torch.nn.Module:
+    """A Hugging Face model built the way a user builds one: from its config, then ``.to(bf16)``.
+
+    Under fake tensors ``.to()`` cannot swap a parameter; ``tokenbucket profile`` builds a factory
+    in the spec's dtype, so this ``.to`` has nothing to convert."""
+    import transformers
+
+    config = transformers.Qwen2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=1000,
+    )  # fmt: skip
+    return transformers.Qwen2ForCausalLM(config).to(torch.bfloat16)
+
+
+def hf_text_inputs(sample: dict[str, int], batch: int) -> dict[str, torch.Tensor]:
+    """A user's input hook: one sample's shape (``{"text_tokens": T}``) and the batch, as keyword inputs."""
+    ids = torch.zeros(batch, sample["text_tokens"], dtype=torch.long)
+    return {"input_ids": ids, "labels": ids}

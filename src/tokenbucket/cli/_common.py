@@ -65,6 +65,14 @@ def unit_fraction(text: str) -> float:
     return value
 
 
+def share(text: str) -> float:
+    """An argparse type: a number in [0, 1] (a share)."""
+    value = _finite(text, "a number in [0, 1]")
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"should be a number in [0, 1], got {text}")
+    return value
+
+
 def _finite(text: str, kind: str) -> float:
     try:
         value = float(text)

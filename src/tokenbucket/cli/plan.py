@@ -32,7 +32,6 @@ from tokenbucket.cli._common import (
     _add_model_flags,
     _add_spec_flags,
     _budget,
-    _finite,
     _json_object_arg,
     _pairs,
     gpu_from_args,
@@ -40,6 +39,7 @@ from tokenbucket.cli._common import (
     positive_float,
     positive_int,
     progress_from_args,
+    share,
     spec_from_args,
 )
 from tokenbucket.cli._staged import (
@@ -52,11 +52,11 @@ from tokenbucket.cli._staged import (
 )
 from tokenbucket.cli._tables import _plan_json, _print_plan
 from tokenbucket.cost.gpus import GPU
-from tokenbucket.cost.measured import MeasuredCostModel, ProfiledCostModel, read_profile
+from tokenbucket.cost.measured import MeasuredCostModel, ProfiledCostModel, SteppedCostModel, read_profile
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.model import ModelSpec
 from tokenbucket.cost.staged import StagedCostModel
-from tokenbucket.cost.staged_length import StagedLengthModel, measure_vision_share
+from tokenbucket.cost.staged_length import StagedLengthModel, measure_vision_share, staged_profile_key
 from tokenbucket.plan.manifest import Manifest, build_manifest
 from tokenbucket.tokens.lerobot import lerobot_rows
 from tokenbucket.tokens.lerobot_mix import LeRobotSource, lerobot_mixture
@@ -163,20 +163,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_staged_flags(parser)
     parser.add_argument(
         "--vision-share",
-        type=_share,
+        type=share,
         metavar="F",
         help="with --hf-config or a staged --preset: the largest share of a sample's LLM tokens that are image "
         "tokens, in [0, 1]; each bucket is priced as a sample of that many image tokens (whole images), the "
         "rest text. Default: measured, the largest vision/total over the metadata's samples",
     )
-
-
-def _share(text: str) -> float:
-    """An argparse type: a number in [0, 1]."""
-    value = _finite(text, "a number in [0, 1]")
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"should be a number in [0, 1], got {text}")
-    return value
 
 
 def _flag(name: str) -> str:
@@ -229,6 +221,36 @@ def _staged_length(
         image=None if length.image is None else list(length.image), image_tokens=length.image_tokens,
     )  # fmt: skip
     return length
+
+
+def _staged_profiled(
+    path: Path, length: StagedLengthModel, gpu: GPU | None
+) -> tuple[ProfiledCostModel, dict[str, Any]]:
+    """A staged model's ``--profile`` (``profile --hf-config ... --length ... --save``): memory from
+    the measured worst samples, step times from the staged model; every refusal names the file."""
+    source = f"--profile {str(path)!r}"
+    profile, sha256 = read_profile(path, source=source)
+    made = profile.staged
+    if made is None:
+        raise ConfigError(f"{source} measured a block model (MODULE:FACTORY), not this --hf-config model")
+    key = staged_profile_key(length.cost)
+    if profile.model != key:
+        raise ConfigError(
+            f"{source} was made for model {profile.model}, not {key} (the config.json, its preprocessor and the "
+            "training setup are hashed): profile again with this plan's --hf-config and training flags"
+        )
+    if length.vision_share > float(made["vision_share"]) + 1e-9:
+        raise ConfigError(
+            f"{source} measured samples of vision share {made['vision_share']:g}, lighter than this plan's "
+            f"worst ({length.vision_share:g}): profile again with --vision-share {length.vision_share:g}"
+        )
+    image = None if length.image is None else list(length.image)
+    if made.get("vision_share") and made.get("image") != image:
+        raise ConfigError(f"{source} measured images of {made.get('image')}, not this plan's {image}: profile again")
+    # NOTE [ A staged profile is a step function ]
+    measured = SteppedCostModel(profile, target=None if gpu is None else gpu.name, source=source)
+    cost = ProfiledCostModel(measured, length, source=source)
+    return cost, {"path": str(path), **cost.record(sha256)}
 
 
 def _lerobot_source(text: str) -> tuple[Path, str, float, bool]:
@@ -351,10 +373,10 @@ def run(args: argparse.Namespace) -> int:
     staged = is_staged(args)
     if not staged:
         refuse_staged_flags(args, extra=("vision_share",))
-    elif args.profile is not None:
+    elif args.profile is not None and args.hf_config is None:
         raise UsageError(
-            "--profile measures a block model; a staged model (--hf-config or a staged --preset) is priced "
-            "stage by stage: drop --profile"
+            f"--profile with a staged model needs its config.json (--hf-config DIR): a --preset {args.preset} "
+            "cannot be measured"
         )
     elif args.plan_mode == "packed":
         raise UsageError("--mode packed prices packed rows with the block model; use --mode static or dynamic")
@@ -391,6 +413,8 @@ def run(args: argparse.Namespace) -> int:
             sources = [rows]
         if staged_cost is not None:
             cost = _staged_length(args, staged_cost, spec, sources, meta["model"])
+            if args.profile is not None:
+                cost, meta["profile"] = _staged_profiled(args.profile, cost, gpu)
         manifest = _builder(args)(
             sources,
             spec,

@@ -72,7 +72,7 @@ from transformers.initialization import no_init_weights
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.cost.profile import StorageTracker
+from tokenbucket.cost.profile import StorageTracker, default_dtype
 from tokenbucket.cost.staged import Sample, TrainSetup
 from tokenbucket.tokens._hf_json import DECODER_TYPES, HFConfig
 from tokenbucket.tokens.hf import patch_grid, read_hf_config, vision_inputs
@@ -148,17 +148,6 @@ def _skip_frozen_hooks(tracker: MemTracker, model: torch.nn.Module) -> None:
     for p in model.parameters():
         if not p.requires_grad:
             tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
-
-
-@contextlib.contextmanager
-def bf16_default() -> Iterator[None]:
-    """bf16 as the default dtype while a model is built (``.to()`` cannot swap fake weights)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 @contextlib.contextmanager
@@ -379,7 +368,7 @@ def measure_step(
 
     Args:
         build: returns ``(model, frozen prefixes)``; called under ``FakeTensorMode`` (and after
-            the fake process group is up when sharded). Build in bf16 with :func:`bf16_default`.
+            the fake process group is up when sharded). Build in bf16 (``default_dtype(torch.bfloat16)``).
         real: inputs kept real (token ids, grids: NOTE [ Real bookkeeping tensors ]); the
             per-token ones (``input_ids``, ``labels``, ``position_ids``, ``token_type_ids``) are
             re-made fake at their shape. Keys starting with ``_`` are held, not passed.
@@ -445,6 +434,14 @@ def transformers_config(cfg: HFConfig) -> tuple[Any, list[str]]:
     return config, notes
 
 
+def with_markers(cfg: HFConfig, sample: Sample) -> Sample:
+    """``sample`` with room for Qwen2-VL's vision start and end tokens (two text tokens per image,
+    which its 3-D rope positions need to find each image); other models' samples as they are."""
+    if cfg.model_type in ("qwen2_vl", "qwen2_5_vl") and sample.images and sample.text_tokens < 2 * sample.images:
+        return dataclasses.replace(sample, text_tokens=2 * sample.images)
+    return sample
+
+
 def hf_inputs(cfg: HFConfig, config: Any, sample: Sample, batch: int) -> tuple[dict[str, Any], InputSpecs]:
     """The inputs a processor makes for ``batch`` samples shaped like ``sample`` (real, fake)."""
     mt = cfg.model_type
@@ -459,6 +456,11 @@ def hf_inputs(cfg: HFConfig, config: Any, sample: Sample, batch: int) -> tuple[d
         named: Any = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", 0)
         token = int(named)
         if mt in ("qwen2_vl", "qwen2_5_vl"):
+            if sample.text_tokens < 2 * images:
+                raise ConfigError(
+                    f"a {mt} sample holds a vision start and end token per image: text_tokens should be at least "
+                    f"2 x images = {2 * images}, but got text_tokens={sample.text_tokens} (see with_markers)"
+                )
             gh, gw = patch_grid(cfg, sample.height, sample.width)
             row: list[int] = []
             for _ in range(images):
@@ -533,7 +535,7 @@ def profile_hf(
 
     def build() -> tuple[torch.nn.Module, list[str]]:
         # weights' values do not matter on fake tensors, and SigLIP's trunc_normal_ init reads them
-        with bf16_default(), no_init_weights():
+        with default_dtype(torch.bfloat16), no_init_weights():
             model = cls(tconfig)
             model.tie_weights()  # no_init_weights skips the tying that init does
             if tconfig._attn_implementation == "eager":  # NOTE [ Gemma 2 attention ]: run with sdpa

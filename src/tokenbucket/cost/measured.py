@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -22,7 +23,14 @@ from tokenbucket.cost.gpus import GPU, get_gpu
 from tokenbucket.cost.memory import CostModel, FlopsEstimate, MemoryEstimate, _check_shape
 from tokenbucket.cost.model import ModelSpec
 
-__all__ = ["PROFILE_FORMAT", "MeasuredCostModel", "Profile", "ProfiledCostModel", "read_profile"]
+__all__ = [
+    "PROFILE_FORMAT",
+    "MeasuredCostModel",
+    "Profile",
+    "ProfiledCostModel",
+    "SteppedCostModel",
+    "read_profile",
+]
 
 PROFILE_FORMAT = 1
 
@@ -43,10 +51,14 @@ class Profile:
     model: str
     device: str
     format: int = PROFILE_FORMAT
+    # a staged model's profile: how each length's sample was made ({"vision_share", "image", "steps"})
+    staged: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["points"] = [list(p) for p in self.points]
+        if self.staged is None:
+            del out["staged"]
         return out
 
     @classmethod
@@ -84,7 +96,13 @@ class Profile:
                     f"but got {point!r}"
                 )
         fields_ = {k: data[k] for k in _PROFILE_KEYS[1:]}
-        return cls(points=tuple((p[0], p[1], p[2]) for p in points), **fields_)
+        staged = data.get("staged")
+        if staged is not None and not (
+            isinstance(staged, dict) and isinstance(staged.get("vision_share"), (int, float))
+            and (staged.get("image") is None or isinstance(staged.get("image"), list))
+        ):  # fmt: skip
+            raise ConfigError(f"{source}: staged should be {{vision_share, image, steps}}, but got staged={staged!r}")
+        return cls(points=tuple((p[0], p[1], p[2]) for p in points), **fields_, staged=staged)
 
     def save(self, path: str | Path) -> None:
         """Write JSON atomically (a temporary file, then a rename)."""
@@ -159,13 +177,7 @@ class MeasuredCostModel:
         self, profile: Profile, *, target: str | None = None, model: str | None = None, source: str | None = None
     ) -> None:
         name = source or "this profile"
-        if target is not None and profile.target != "fake-cpu" and _gpu_name(profile.target) != _gpu_name(target):
-            raise ConfigError(
-                f"{name} was made for {profile.target!r}, not for {target!r}; profile again "
-                f"(a fake-cpu profile, made without --gpu, holds for any GPU)"
-            )
-        if model is not None and profile.model != model:
-            raise ConfigError(f"{name} was made for model {profile.model}, not {model}; profile again")
+        self._check_made_for(profile, target, model, name)
         if len(profile.points) < 3:
             raise ConfigError(
                 f"a measured cost model needs at least 3 points, but {name} has {len(profile.points)}; "
@@ -186,6 +198,16 @@ class MeasuredCostModel:
         self.static, self.per_token, self.per_token_length = (float(c) for c in coef)
         fitted = design @ coef
         self.fit_error = float(np.max(np.abs(fitted / peak - 1)))
+
+    @staticmethod
+    def _check_made_for(profile: Profile, target: str | None, model: str | None, name: str) -> None:
+        if target is not None and profile.target != "fake-cpu" and _gpu_name(profile.target) != _gpu_name(target):
+            raise ConfigError(
+                f"{name} was made for {profile.target!r}, not for {target!r}; profile again "
+                f"(a fake-cpu profile, made without --gpu, holds for any GPU)"
+            )
+        if model is not None and profile.model != model:
+            raise ConfigError(f"{name} was made for model {profile.model}, not {model}; profile again")
 
     def memory_bytes(self, batch: int, length: int) -> int:
         return int(self.static + batch * (self.per_token * length + self.per_token_length * length * length))
@@ -211,6 +233,87 @@ class MeasuredCostModel:
         return max(0, int((budget_bytes - self.static) // per_sample))
 
 
+class SteppedCostModel:
+    """A staged model's profile answered without a fit: affine in the batch at each measured
+    length, and a length between two measured ones priced at the longer one.
+
+    NOTE [ A staged profile is a step function ]
+    A staged model's worst sample of ``L`` tokens holds whole images (NOTE [ The worst sample of
+    a length ]), so its peak steps up where one more image fits, and a smooth fit over a few
+    lengths under-prices the lengths just past a step (measured: a fit through 1,024 and 4,608
+    tokens put a 960-token bucket 6 % over budget). At one sample shape the peak is exactly
+    ``static + B x per_sample``, so each measured length gets that line from its batches, and any
+    length up to it borrows it: memory grows with the length, so the next measured length is an
+    upper bound. Measure the lengths you want as bucket bounds: the planner's cheapest bounds land
+    on them.
+
+    Args:
+        profile: at least two batch sizes at every measured length.
+        target, model, source: as :class:`MeasuredCostModel`'s.
+    """
+
+    def __init__(
+        self, profile: Profile, *, target: str | None = None, model: str | None = None, source: str | None = None
+    ) -> None:
+        name = source or "this profile"
+        MeasuredCostModel._check_made_for(profile, target, model, name)
+        by_length: dict[int, list[tuple[int, int]]] = {}
+        for b, length, peak in profile.points:
+            by_length.setdefault(length, []).append((b, peak))
+        self.profile = profile
+        self.lines: dict[int, tuple[float, float]] = {}
+        worst = 0.0
+        for length, pts in sorted(by_length.items()):
+            if len({b for b, _ in pts}) < 2:
+                raise ConfigError(
+                    f"{name} measured one batch size at {length:,} tokens; a staged profile needs two or more at "
+                    f"every length (profile --save measures batch 1, 2 and --batch)"
+                )
+            bs = np.array([b for b, _ in pts], dtype=np.float64)
+            peaks = np.array([p for _, p in pts], dtype=np.float64)
+            slope, static = np.polyfit(bs, peaks, 1)
+            if slope <= 0:
+                raise ConfigError(f"{name}: the peak at {length:,} tokens does not grow with the batch; profile again")
+            self.lines[length] = (float(round(static)), float(round(slope)))  # whole bytes: no float dust
+            worst = max(worst, float(np.max(np.abs((static + slope * bs) / peaks - 1))))
+        self.fit_error = worst
+        self._lengths = sorted(self.lines)
+
+    def _line(self, length: int) -> tuple[float, float]:
+        i = int(np.searchsorted(self._lengths, length))
+        if i == len(self._lengths):
+            raise ConfigError(f"{length:,} tokens is past the profile's longest length, {self._lengths[-1]:,}")
+        return self.lines[self._lengths[i]]
+
+    def memory_bytes(self, batch: int, length: int) -> int:
+        static, slope = self._line(length)
+        return math.ceil(static + batch * slope)
+
+    def memory(self, batch: int, length: int) -> MemoryEstimate:
+        """The next measured length's line at ``batch``: ``weights`` its static part, ``activations``
+        the per-sample part; phase ``measured``."""
+        _check_shape(batch, length)
+        static, slope = self._line(length)
+        items = {"weights": math.ceil(static), "activations": math.ceil(batch * slope)}
+        zero = dict.fromkeys(("attention_scores", "gradients", "optimizer", "kv_cache", "transients", "extra"), 0)
+        return MemoryEstimate(**items, **zero, total=sum(items.values()), phase="measured", batch=batch, length=length)
+
+    def max_batch(self, length: int, budget_bytes: int) -> int:
+        static, slope = self._line(length)
+        return max(0, int((budget_bytes - static) // slope))
+
+
+class _StepTimes(Protocol):
+    """What a profiled plan takes from the analytic model: its GPU, FLOPs and step time."""
+
+    @property
+    def gpu(self) -> GPU | None: ...
+
+    def flops(self, batch: int, length: int) -> FlopsEstimate: ...
+
+    def step_seconds(self, batch: int, length: int) -> float: ...
+
+
 class ProfiledCostModel:
     """Plans from a measured profile: memory and batch sizes from ``measured``, FLOPs and step
     time (what the planner ranks plans by) from ``analytic``. Answers the planner's
@@ -227,15 +330,18 @@ class ProfiledCostModel:
 
     Args:
         measured: the profile's fit.
-        analytic: the analytic model of the same model (its GPU gives step seconds).
+        analytic: the analytic model of the same model (its GPU gives step seconds): a
+            :class:`~tokenbucket.cost.memory.CostModel`, or a staged model's
+            :class:`~tokenbucket.cost.staged_length.StagedLengthModel`.
         source: how errors name the profile (default ``"the profile"``).
         multiple: the planner's bound multiple: a refusal asks for the length rounded up to it
             (profiling just the longest sample would be refused again at its rounded bound).
     """
 
     def __init__(
-        self, measured: MeasuredCostModel, analytic: CostModel, *, source: str | None = None, multiple: int = 64
-    ) -> None:
+        self, measured: MeasuredCostModel | SteppedCostModel, analytic: _StepTimes, *, source: str | None = None,
+        multiple: int = 64,
+    ) -> None:  # fmt: skip
         self.measured = measured
         self.analytic = analytic
         self.source = source or "the profile"
@@ -248,6 +354,8 @@ class ProfiledCostModel:
 
     @property
     def model(self) -> ModelSpec:
+        if not isinstance(self.analytic, CostModel):  # a staged model: a manifest records it from meta
+            raise AttributeError("a staged model's profiled plan has no block ModelSpec")
         return self.analytic.model
 
     def _check_length(self, length: int) -> None:
@@ -287,4 +395,5 @@ class ProfiledCostModel:
             "points": len(prof.points),
             "lengths": list(prof.lengths),
             "fit_error": self.measured.fit_error,
+            **({"staged": prof.staged} if prof.staged is not None else {}),
         }

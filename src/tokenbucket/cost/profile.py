@@ -15,10 +15,11 @@ casts, and AdamW with ``foreach=True`` (the CUDA default).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -137,6 +138,54 @@ class StepOptions(TypedDict, total=False):
     loss_fn: Callable[[Any], torch.Tensor]
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """``dtype`` as torch's default while a model is built: under fake tensors ``.to(dtype)``
+    cannot swap a parameter, so a model is made in its training dtype from the start."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+@contextlib.contextmanager
+def fake_safe_to() -> Iterator[None]:
+    """``Module.to(dtype)`` (and ``.bfloat16()`` / ``.half()`` / ``.float()``, which call it) that
+    works on fake tensors while a model is built.
+
+    NOTE [ .to() under fake tensors ]
+    ``Module.to`` converts a parameter by swapping its tensor in place, and a fake tensor cannot be
+    swapped (``_apply(): Couldn't swap Embedding.weight``): ``Qwen2ForCausalLM(cfg).to(torch.bfloat16)``
+    fails under the profiler. Values do not matter on fake tensors, so here a dtype change replaces
+    each floating parameter and buffer by a new fake one of that dtype (a Parameter stays a
+    Parameter with its ``requires_grad``); the device is ignored (fake tensors stand for it).
+    """
+    orig = torch.nn.Module.to
+
+    def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        _, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if dtype is None:
+            return self
+        for module in self.modules():
+            for table in (module._parameters, module._buffers):
+                for name, t in list(table.items()):
+                    if t is None or not t.is_floating_point() or t.dtype == dtype:
+                        continue
+                    fresh = torch.empty_strided(t.shape, t.stride(), dtype=dtype)
+                    table[name] = (
+                        torch.nn.Parameter(fresh, t.requires_grad) if isinstance(t, torch.nn.Parameter) else fresh
+                    )
+        return self
+
+    torch.nn.Module.to = to  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = orig  # type: ignore[method-assign]
+
+
 def _default_loss(out: object) -> torch.Tensor:
     tensor = out[0] if isinstance(out, (tuple, list)) else out
     if isinstance(tensor, dict):
@@ -182,7 +231,9 @@ def _run_steps(
     loss_fn: Callable[[Any], torch.Tensor],
     mark: Callable[[str], None],
 ) -> None:
-    model = model_factory()
+    fake = any(type(m).__name__ == "FakeTensorMode" for m in _get_current_dispatch_mode_stack())
+    with fake_safe_to() if fake else contextlib.nullcontext():  # NOTE [ .to() under fake tensors ]
+        model = model_factory()
     # NOTE [ deepcopy under FakeTensorMode ]: fake tensors from another mode are rebound here
     _adopt(model)
     opt: torch.optim.Optimizer | None = None
@@ -195,10 +246,22 @@ def _run_steps(
         mark("forward")
         if not train:
             with torch.no_grad():
-                out = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+                out = (
+                    model(**inputs)
+                    if isinstance(inputs, dict)
+                    else model(*inputs)
+                    if isinstance(inputs, tuple)
+                    else model(inputs)
+                )
             del out
             continue
-        out = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+        out = (
+            model(**inputs)
+            if isinstance(inputs, dict)
+            else model(*inputs)
+            if isinstance(inputs, tuple)
+            else model(inputs)
+        )
         loss = loss_fn(out)
         del out
         mark("backward")

@@ -17,6 +17,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +37,14 @@ from tokenbucket.tokens.hf import image_tokens
 from tokenbucket.tokens.metadata import iter_metadata_batches
 from tokenbucket.tokens.spec import TokenSpec
 
-__all__ = ["MFU", "StagedLengthEstimate", "StagedLengthModel", "default_image", "measure_vision_share"]
+__all__ = [
+    "MFU",
+    "StagedLengthEstimate",
+    "StagedLengthModel",
+    "default_image",
+    "measure_vision_share",
+    "staged_profile_key",
+]
 
 MFU = 0.4  # the share of the GPU's bf16 peak that step_seconds assumes
 _QWEN = ("qwen2_vl", "qwen2_5_vl")
@@ -54,6 +64,17 @@ _VARIABLE = (*_QWEN, "llava_next", "idefics3", "smolvlm")  # image tokens depend
 #   sequence may pass L by less than one image, so a bucket is priced up to T tokens high.
 # Both are monotone in L (images and the sequence never shrink as L grows) and in the batch.
 # ``vision_share=0`` (or a model without a tower) is the text-only sample of L tokens.
+
+
+def staged_profile_key(cost: StagedCostModel) -> str:
+    """What a staged model's measured profile is for: its config (and preprocessor) and the
+    training setup, hashed; ``tokenbucket plan --profile`` refuses a profile with another key."""
+    what = {
+        "config": cost.config.config if cost.config is not None else cost.model.name,
+        "preprocessor": cost.config.preprocessor if cost.config is not None else {},
+        "setup": dataclasses.asdict(cost.setup),
+    }
+    return "hf-" + hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def default_image(cost: StagedCostModel) -> tuple[int, int] | None:
