@@ -169,7 +169,8 @@ def fake_safe_to() -> Iterator[None]:
         if dtype is None:
             return self
         for module in self.modules():
-            for table in (module._parameters, module._buffers):
+            tables: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)
+            for table in tables:
                 for name, t in list(table.items()):
                     if t is None or not t.is_floating_point() or t.dtype == dtype:
                         continue
