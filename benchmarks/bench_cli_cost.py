@@ -26,17 +26,10 @@ import time
 from pathlib import Path
 
 SAMPLE = json.dumps({"images": 4, "height": 448, "width": 448, "text_tokens": 512})
-HF_CONFIG = {  # Qwen2-VL-2B's config.json fields that matter (the defaults fill the rest)
-    "model_type": "qwen2_vl",
-    "hidden_size": 1536,
-    "intermediate_size": 8960,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 12,
-    "num_key_value_heads": 2,
-    "vocab_size": 151936,
-    "tie_word_embeddings": True,
-    "vision_config": {"depth": 32, "embed_dim": 1280, "hidden_size": 1536, "num_heads": 16},
-}
+# Qwen2-VL-2B's config.json, the one the truth set measured
+HF_CONFIG = json.loads((Path(__file__).resolve().parent.parent / "tests" / "data" / "hf_truth.json").read_text())[
+    "configs"
+]["qwen2-vl-2b"]
 
 
 def commands(folder: Path) -> list[tuple[str, list[str]]]:

@@ -102,6 +102,7 @@ SLOW = {
     "under-torchrun-elastic-0",
     "cli-0",
     "beyond-one-machine-the-ray-engine-0",
+    "measure-a-real-model-instead-profile-hf-config-0",
 }
 
 
@@ -169,6 +170,10 @@ def workspace(tmp_path: Path, lerobot_dir: str, monkeypatch: pytest.MonkeyPatch)
         if path.is_file():
             (tmp_path / "examples" / path.name).write_bytes(path.read_bytes())
     frames = write_datasets(tmp_path, lerobot_dir)
+    # models/qwen2-vl-2b: Qwen2-VL-2B's config.json, the one the truth set measured (no weights)
+    (tmp_path / "models" / "qwen2-vl-2b").mkdir(parents=True)
+    configs = json.loads((Path(__file__).parent / "data" / "hf_truth.json").read_text())["configs"]
+    (tmp_path / "models" / "qwen2-vl-2b" / "config.json").write_text(json.dumps(configs["qwen2-vl-2b"]))
     monkeypatch.chdir(tmp_path)
     return Workspace(tmp_path, table, frames)
 

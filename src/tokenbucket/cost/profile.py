@@ -220,6 +220,13 @@ def _adopt(model: torch.nn.Module) -> None:
                     table[name] = fresh
 
 
+def _call(model: torch.nn.Module, inputs: Any) -> Any:
+    """The model on ``make_batch``'s inputs: a dict as keywords, a tuple as positionals, else one input."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+
+
 def _run_steps(
     model_factory: ModelFactory,
     make_batch: BatchFactory,
@@ -247,22 +254,10 @@ def _run_steps(
         mark("forward")
         if not train:
             with torch.no_grad():
-                out = (
-                    model(**inputs)
-                    if isinstance(inputs, dict)
-                    else model(*inputs)
-                    if isinstance(inputs, tuple)
-                    else model(inputs)
-                )
+                out = _call(model, inputs)
             del out
             continue
-        out = (
-            model(**inputs)
-            if isinstance(inputs, dict)
-            else model(*inputs)
-            if isinstance(inputs, tuple)
-            else model(inputs)
-        )
+        out = _call(model, inputs)
         loss = loss_fn(out)
         del out
         mark("backward")
