@@ -64,7 +64,9 @@ def test_profile_hf_grid_then_plan_from_it_stays_under_budget(
                        "--vision-share", "0.9", "--save", str(prof), "--quiet")  # fmt: skip
     assert code == 0, err
     saved = Profile.load(prof)
-    assert saved.staged == {"vision_share": 0.9, "image": [448, 448], "steps": 2}
+    assert saved.staged is not None and saved.staged["transformers"]  # the version it was measured with
+    assert {k: saved.staged[k] for k in ("vision_share", "image", "steps")} == {
+        "vision_share": 0.9, "image": [448, 448], "steps": 2}  # fmt: skip
     assert {p[0] for p in saved.points} == {1, 2, 8} and {p[1] for p in saved.points} == {int(n) for n in LENGTHS}
     meta, _ = metadata(tmp_path)
     plans = {}
@@ -82,8 +84,15 @@ def test_profile_hf_grid_then_plan_from_it_stays_under_budget(
         assert plan["summary"]["over_budget_batches"] == 0, name
         for b in plan["buckets"]:  # the staged model is exact on this model: every bucket truly fits
             assert exact.memory(b["batch_size"], b["bound"]).total <= budget, (name, b)
+    # the analytic plan's bucket bounds as the grid: the profiled plan can take the very same bounds
+    bounded = tmp_path / "bounds.json"
+    code, _, err = cli(capsys, "profile", "--hf-config", str(tiny_vl), "--bounds-of", str(tmp_path / "analytic.parquet"),
+                       "--batch", "4", "--vision-share", "0.9", "--save", str(bounded), "--quiet")  # fmt: skip
+    assert code == 0, err
+    assert {p[1] for p in Profile.load(bounded).points} == {b["bound"] for b in plans["analytic"]["buckets"]}
     footer = load_manifest(tmp_path / "profile.parquet").meta["meta"]
     assert footer["profile"]["staged"]["vision_share"] == 0.9 and footer["profile"]["points"] == 12
+    assert footer["profile"]["staged_model_disagrees"] == []  # exact on this model
 
 
 def test_plan_refuses_a_staged_profile_made_for_another_setup_or_a_lighter_share(
@@ -104,6 +113,10 @@ def test_plan_refuses_a_staged_profile_made_for_another_setup_or_a_lighter_share
     code, _, err = cli(capsys, *base, "--vision-share", "0.9")
     assert code == 1
     one_line_error(err, str(prof), "vision share 0.5", "--vision-share 0.9")
+    # the right key and share, but made-up peaks: the plan follows them and says the staged model disagrees
+    code, out, err = cli(capsys, *base, "--vision-share", "0.5", "--on-oversize", "reject")
+    assert code == 0, err
+    assert "the staged model disagrees with the profile at 3 of 4 points" in out
     code, _, err = cli(capsys, *base, "--vision-share", "0.5", "--train", "lora")
     assert code == 1
     one_line_error(err, str(prof), key, "training setup")
@@ -112,7 +125,8 @@ def test_plan_refuses_a_staged_profile_made_for_another_setup_or_a_lighter_share
     code, _, err = cli(capsys, *base[:-1], str(block), "--vision-share", "0.5")
     assert code == 1
     one_line_error(err, "block model")
-    assert snapshot(tmp_path) == {**before, "block.json": block.read_bytes()}  # nothing else written
+    written = {"block.json": block.read_bytes(), "m.parquet": (tmp_path / "m.parquet").read_bytes()}
+    assert snapshot(tmp_path) == {**before, **written}  # the refused commands wrote nothing
 
 
 def test_stepped_profile_prices_a_length_at_the_next_measured_one() -> None:

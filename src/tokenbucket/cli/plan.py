@@ -250,7 +250,16 @@ def _staged_profiled(
     # NOTE [ A staged profile is a step function ]
     measured = SteppedCostModel(profile, target=None if gpu is None else gpu.name, source=source)
     cost = ProfiledCostModel(measured, length, source=source)
-    return cost, {"path": str(path), **cost.record(sha256)}
+    # where the measurement and the staged model part by more than its band (-5 % ... +7 %)
+    first = made.get("steps") == 1
+    errors = [
+        (100.0 * (length.cost.memory(b, length.sample(n), first_step=first).peak_bytes - peak) / peak, b, n)
+        for b, n, peak in profile.points
+    ]
+    off = [e for e in errors if not -5.0 <= e[0] <= 7.0]
+    record = {"path": str(path), **cost.record(sha256)}
+    record["staged_model_disagrees"] = [{"error_percent": round(e, 2), "batch": b, "length": n} for e, b, n in off]
+    return cost, record
 
 
 def _lerobot_source(text: str) -> tuple[Path, str, float, bool]:
@@ -443,5 +452,13 @@ def run(args: argparse.Namespace) -> int:
                 f"memory from profile {args.profile} ({meta['profile']['points']} points, {low:,}..{high:,} tokens, "
                 f"fit error {meta['profile']['fit_error']:.1%}); step times from the analytic model"
             )
+            off = meta["profile"].get("staged_model_disagrees") or []
+            if off:
+                worst = max(off, key=lambda e: abs(e["error_percent"]))
+                print(
+                    f"the staged model disagrees with the profile at {len(off)} of {meta['profile']['points']} points, "
+                    f"by up to {worst['error_percent']:+.1f} % (batch {worst['batch']}, {worst['length']:,} tokens): "
+                    "the plan follows the measurement"
+                )
         print(f"manifest: {args.out} ({len(manifest):,} rows)")
     return 0

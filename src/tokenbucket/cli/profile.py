@@ -41,6 +41,7 @@ from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.profile import default_dtype, profile_memory, profile_points
 from tokenbucket.cost.staged import StagedCostModel
 from tokenbucket.cost.staged_length import StagedLengthModel, staged_profile_key
+from tokenbucket.plan.manifest import load_manifest
 
 __all__ = ["EXAMPLE", "add_arguments", "run"]
 
@@ -67,6 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sample",
         help='one sample as JSON: with --hf-config {"images", "height", "width", "text_tokens"} or cameras x '
         "frames (the profiler makes the model's inputs); with MODULE:FACTORY, handed to --input",
+    )
+    parser.add_argument(
+        "--bounds-of",
+        type=Path,
+        metavar="MANIFEST",
+        help="--hf-config: measure at the bucket bounds of this manifest (a plan from the staged model), with "
+        "any --length: the bounds a profiled plan of the same data will want",
     )
     parser.add_argument(
         "--vision-share",
@@ -127,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--preset {args.preset} is priced, not built: measure its config.json with --hf-config DIR")
     if args.factory is None:
         raise UsageError("give the model: MODULE:FACTORY, or --hf-config DIR (a Hugging Face config.json)")
-    refuse_staged_flags(args, extra=("steps", "vision_share"))
+    refuse_staged_flags(args, extra=("steps", "vision_share", "bounds_of"))
     model = model_from_args(args)
     gpu = gpu_from_args(args)  # before measuring: an unknown --gpu fails now, not after the grid
     if args.save is not None and len(set(args.length or [])) < 2:
@@ -239,8 +247,13 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise UsageError(f"give MODULE:FACTORY or --hf-config, not both (got {args.factory!r} and --hf-config)")
     if args.input is not None:
         raise UsageError("--input goes with MODULE:FACTORY; --hf-config makes the model's inputs itself")
+    if args.bounds_of is not None and args.sample is not None:
+        raise UsageError("--bounds-of gives a grid of lengths, not one --sample: give one of them")
     if args.device != "fake":
         raise UsageError("--hf-config measures on fake tensors only (--device fake)")
+    if args.bounds_of is not None:
+        bounds = [b.bound for b in load_manifest(args.bounds_of).plan.buckets]
+        args.length = sorted(set(args.length or []) | set(bounds))
     if (args.sample is None) == (not args.length):
         raise UsageError(
             "--hf-config measures either one --sample (beside the staged estimate) or a grid of --length values "
@@ -313,12 +326,14 @@ def _hf_grid(
     gpu = gpu_from_args(args)
     grid = sorted({(b, n) for n in lengths for b in ((1, 2, args.batch) if args.save is not None else (args.batch,))})
     rows = []
+    versions: dict[str, str] = {}
     shown = progress_from_args(args)  # NOTE [ Progress on stderr ]: a step per point
     for b, n in progress(grid, desc="profiling", unit="points", enabled=shown):
         # the worst sample of n tokens; for Qwen2-VL with its vision markers, which a worst sample
         # made all image tokens has no room for (measured a few tokens long: the safe side)
         sample = markers(cost.config, length_model.sample(n))
         run_ = measure(cost.config, sample, b, cost.setup, steps=steps)
+        versions = run_.versions
         est = cost.memory(b, sample, first_step=steps == 1)
         err = 100.0 * (est.peak_bytes - run_.peak_bytes) / run_.peak_bytes
         rows.append({"batch": b, "length": n, "seq_len": run_.seq_len, "sample": dataclasses.asdict(sample),
@@ -330,7 +345,8 @@ def _hf_grid(
             target="fake-cpu" if gpu is None else gpu.name, dtype="bf16", torch_version=torch.__version__,
             model=staged_profile_key(cost), device="fake",
             staged={"vision_share": length_model.vision_share,
-                    "image": None if length_model.image is None else list(length_model.image), "steps": steps},
+                    "image": None if length_model.image is None else list(length_model.image), "steps": steps,
+                    "transformers": versions.get("transformers", "")},
         ).save(args.save)  # fmt: skip
     if args.json:
         print(json.dumps(rows))
