@@ -11,9 +11,10 @@ Command (no GPU; ``points`` ~5 min, ``plan`` ~10 min on the 2-core VM):
 fresh processes' time per point, beside ``StagedCostModel``.
 
 ``plan``: Qwen2-VL-2B on an H100-SXM over a made-up VLA workload (2,000 samples: 1-3 cameras x
-1-4 frames at 224-448 px, 16-1,500 text tokens): ``tokenbucket profile --hf-config --length ...
---save`` over five lengths, then ``tokenbucket plan`` twice, from the staged model and from the
-profile, the two bucket tables side by side; each plan's buckets are also priced by the other.
+1-4 frames at 224-448 px, 16-1,500 text tokens): ``tokenbucket plan`` from the staged model,
+``tokenbucket profile --hf-config --bounds-of`` that plan (its bucket bounds, batch 1, 2, 4),
+then ``tokenbucket plan --profile``; the two bucket tables side by side, each bucket with its
+staged estimate and its measured peak (blank where the bound was not measured).
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ POINTS = {
         Sample(images=6, height=224, width=224, text_tokens=2048),
     ],
 }
-LENGTHS = (1024, 2048, 3072, 4096, 4608)
 
 
 def _configs() -> dict[str, dict[str, object]]:
@@ -110,34 +110,35 @@ def plan() -> None:
         (folder / "config.json").write_text(json.dumps(_configs()["qwen2-vl-2b"]))
         meta = Path(tmp) / "vla.parquet"
         _workload(meta)
-        prof = Path(tmp) / "profile.json"
-        start = time.perf_counter()
-        lengths = [x for n in LENGTHS for x in ("--length", str(n))]
-        _run("profile", "--hf-config", str(folder), *lengths, "--batch", "8", "--vision-share", "1",
-             "--save", str(prof), "--quiet")  # fmt: skip
-        seconds = time.perf_counter() - start
         common = ["plan", str(meta), "--hf-config", str(folder), "--gpu", "H100-SXM", "--max-buckets", "8",
                   "--vision-share", "1", "--on-oversize", "reject", "--json"]  # fmt: skip
-        plans = {
-            "staged model": json.loads(_run(*common, "--out", str(Path(tmp) / "a.parquet"))),
-            "profile": json.loads(_run(*common, "--out", str(Path(tmp) / "p.parquet"), "--profile", str(prof))),
-        }
+        staged_plan = Path(tmp) / "a.parquet"
+        plans = {"staged model": json.loads(_run(*common, "--out", str(staged_plan)))}
+        # measure at that plan's bucket bounds (batch 1, 2, 4): the profile's line at a bound is the
+        # measured peak of its worst sample at any batch, so both plans' buckets get a measured figure
+        prof = Path(tmp) / "profile.json"
+        start = time.perf_counter()
+        _run("profile", "--hf-config", str(folder), "--bounds-of", str(staged_plan), "--batch", "4",
+             "--vision-share", "1", "--save", str(prof), "--quiet")  # fmt: skip
+        seconds = time.perf_counter() - start
+        plans["profile"] = json.loads(_run(*common, "--out", str(Path(tmp) / "p.parquet"), "--profile", str(prof)))
         profile = Profile.load(prof)
         stepped = SteppedCostModel(profile)
         cfg = HFConfig("<qwen2-vl-2b>", _configs()["qwen2-vl-2b"])
         staged = StagedLengthModel(StagedCostModel(staged_from_config(cfg), config=cfg), vision_share=1.0)
     budget = gpu_budget_bytes("H100-SXM")
-    print(f"profile: {len(profile.points)} points at {list(LENGTHS)} tokens, batch 1, 2, 8: {seconds:.0f} s\n")
+    measured_at = sorted({p[1] for p in profile.points})
+    print(f"profile: {len(profile.points)} points at {measured_at} tokens, batch 1, 2, 4: {seconds:.0f} s\n")
     for name, p in plans.items():
         s = p["summary"]
         print(f"**planned from the {name}**: {s['batches']:,} batches, {s['shapes']} shapes, padding efficiency "
               f"{s['padding_efficiency']:.1%}, mean fill {s['mean_fill']:.1%}, over budget "
               f"{s['over_budget_batches']}\n")  # fmt: skip
-        print("| bound | batch | samples | peak (its model) GiB | staged model GiB | profile GiB |")
+        print("| bound | batch | samples | peak (its model) GiB | staged model GiB | measured GiB |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: |")
         for b in p["buckets"]:
             n, bound = b["batch_size"], b["bound"]
-            other = stepped.memory_bytes(n, bound) if bound <= profile.lengths[1] else float("nan")
+            other = stepped.memory_bytes(n, bound) if bound in measured_at else float("nan")
             print(
                 f"| {bound:,} | {n} | {b['samples']:,} | {b['predicted_peak_bytes'] / 2**30:.2f} | "
                 f"{staged.memory(n, bound).total / 2**30:.2f} | {other / 2**30:.2f} |"
