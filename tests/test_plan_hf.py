@@ -185,7 +185,6 @@ def test_staged_length_model_fixed_tower_rounds_down_and_pickles() -> None:
     ("flags", "names"),
     [
         (["--patch", "16", "--merge", "1"], ["--patch", "--merge", "--hf-config"]),
-        (["--profile", "p.json"], ["--profile"]),
         (["--vision-share", "1.5"], ["--vision-share", "1.5"]),
         (["--vision-share", "nan"], ["--vision-share"]),
         (["--mode", "packed"], ["--mode packed"]),
@@ -205,6 +204,22 @@ def test_plan_hf_config_refusals_are_one_line_and_write_nothing(
     one_line_error(err, *names)
     assert snapshot(tmp_path) == before and not (tmp_path / "m.parquet").exists()
     assert pq.read_table(meta).num_rows == table.num_rows == 20
+
+
+def test_plan_hf_config_reads_a_profile_and_refuses_a_broken_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A staged model plans from ``profile --hf-config --save`` (tests/test_profile_hf_cli.py); a file
+    that is no profile is refused in one line naming it, and nothing is written."""
+    folder = qwen2_vl_dir(tmp_path)
+    meta, _ = metadata(tmp_path, 20)
+    (tmp_path / "p.json").write_text("{}")
+    before = snapshot(tmp_path)
+    code, out, err = cli(capsys, "plan", str(meta), "--hf-config", str(folder), "--gpu", "H100-SXM",
+                         "--out", str(tmp_path / "m.parquet"), "--profile", str(tmp_path / "p.json"))  # fmt: skip
+    assert code == 1 and out == ""
+    one_line_error(err, "p.json", "profile format")
+    assert snapshot(tmp_path) == before
 
 
 def test_plan_staged_flags_without_a_staged_model_are_refused(
