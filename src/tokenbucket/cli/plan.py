@@ -6,7 +6,7 @@ tokenbucket plan METADATA... [--config F] [--gpu NAME | --budget-gib X] [--max-b
 tokenbucket plan --lerobot [NAME=]DATASET[:WEIGHT] [--lerobot ...] [--delta-timestamps JSON|@FILE.json]
                  [--cameras A,B] [--seed N] [plan flags as above]
 tokenbucket plan METADATA... --hf-config DIR | --preset STAGED [--train ...] [--sharding S --world-size N]
-                 [--vision-share F] [plan flags as above]
+                 [--vision-share F] [--profile PROFILE.json (with --hf-config)] [plan flags as above]
 
 With a staged model (a Hugging Face config.json, or a staged preset) the token spec follows from
 the model, and each bucket bound is priced as its worst sample: up to the vision share of its
@@ -142,7 +142,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "its fit, step times (to rank plans) from the analytic model the model flags describe, whose "
         "--precision must be the profile's. Refused: a profile for another --gpu, one of under 3 points, a "
         "bucket bound past its longest measured length (measure up to the longest sample rounded up to 64), "
-        "--mode packed. A dynamic plan's sampler takes MeasuredCostModel(Profile.load(FILE)) as cost_model",
+        "--mode packed. A dynamic plan's sampler takes MeasuredCostModel(Profile.load(FILE)) as cost_model. "
+        "With --hf-config: a profile of `profile --hf-config ... --save` (each length's worst sample; a bound "
+        "priced at the next measured length), refused for another config or training setup or a lighter "
+        "--vision-share",
     )
     parser.add_argument(
         "--engine",
