@@ -8,6 +8,7 @@ the inputs from tokenbucket's counting, so equal peaks check both.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,15 @@ def test_profile_hf_equals_the_truth_set(arch: str, train: str, sharding: str) -
     assert run.peak_bytes == pytest.approx(p["peak_bytes"], rel=1e-3)
 
 
-def test_profile_hf_reads_a_config_folder_and_batch_scales_activations(tmp_path: Path) -> None:
+def test_profile_hf_reads_a_config_folder_and_batch_scales_activations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "config.json").write_text(json.dumps(TINY))
+    monkeypatch.delenv("TRANSFORMERS_DISABLE_TORCH_CHECK", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     one = profile_hf(tmp_path, Sample(text_tokens=256), 1)
+    # the checks are off only while the step runs: a user's process keeps its own settings
+    assert "TRANSFORMERS_DISABLE_TORCH_CHECK" not in os.environ and "HF_HUB_OFFLINE" not in os.environ
     four = profile_hf(tmp_path, Sample(text_tokens=256), 4)
     assert one.seq_len == four.seq_len == 256
     assert four.peak_bytes > one.peak_bytes and four.params_total == one.params_total

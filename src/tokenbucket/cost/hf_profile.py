@@ -52,9 +52,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("TRANSFORMERS_DISABLE_TORCH_CHECK", "1")  # its checks read fake tensor values
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import torch
 import torch.distributed as dist
 import torch.nn.parallel.distributed as ddp_module
@@ -159,6 +156,21 @@ def _no_adapter_move() -> Iterator[None]:
         yield
     finally:
         torch.nn.Module.to = orig  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _no_torch_checks() -> Iterator[None]:
+    """transformers' ``torch_compilable_check``s off while a step runs: they read tensor values,
+    and a fake tensor has none (the variable is read at each check; it is restored after)."""
+    old = os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
+    os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"]
+        else:
+            os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = old
 
 
 @contextlib.contextmanager
@@ -381,7 +393,7 @@ def measure_step(
         ``peak_bytes`` (per rank), ``peak_breakdown`` (the tracker's categories at the peak),
         ``phase_peaks``, ``frozen``, ``params_total`` and ``params_trainable`` (whole model).
     """
-    with warnings.catch_warnings(), host_window_index():
+    with warnings.catch_warnings(), host_window_index(), _no_torch_checks():
         warnings.simplefilter("ignore")
         if sharding == "fsdp":
             return _fsdp(build, real, fake, steps, world_size)
