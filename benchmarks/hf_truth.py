@@ -40,7 +40,7 @@ import torch
 import transformers
 from transformers.initialization import no_init_weights
 
-from tokenbucket.cost.hf_profile import apply_training, measure_step
+from tokenbucket.cost.hf_profile import HF_CLASSES, apply_training, measure_step
 from tokenbucket.cost.profile import default_dtype
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf_truth.json"
@@ -279,19 +279,20 @@ def build_config(name: str) -> transformers.PretrainedConfig:
     return config
 
 
-# arch -> (model class name, vision module attribute under ``model.model`` or None, LLM attribute)
-ARCHS: dict[str, tuple[str, str | None]] = {
-    "qwen2-0.5b": ("Qwen2ForCausalLM", None),
-    "llama-3.2-1b": ("LlamaForCausalLM", None),
-    "gemma-2b": ("GemmaForCausalLM", None),
-    "gemma-2-2b": ("Gemma2ForCausalLM", None),
-    "qwen2-vl-2b": ("Qwen2VLForConditionalGeneration", "visual"),
-    "qwen2.5-vl-3b": ("Qwen2_5_VLForConditionalGeneration", "visual"),
-    "llava-1.5-7b": ("LlavaForConditionalGeneration", "vision_tower"),
-    "paligemma-3b": ("PaliGemmaForConditionalGeneration", "vision_tower"),
-    "llava-next-qwen2-0.5b": ("LlavaNextForConditionalGeneration", "vision_tower"),
-    "smolvlm-256m": ("Idefics3ForConditionalGeneration", "vision_model"),
+# arch -> its model_type; the class and the vision tower's attribute are the package's (HF_CLASSES)
+ARCH_TYPES: dict[str, str] = {
+    "qwen2-0.5b": "qwen2",
+    "llama-3.2-1b": "llama",
+    "gemma-2b": "gemma",
+    "gemma-2-2b": "gemma2",
+    "qwen2-vl-2b": "qwen2_vl",
+    "qwen2.5-vl-3b": "qwen2_5_vl",
+    "llava-1.5-7b": "llava",
+    "paligemma-3b": "paligemma",
+    "llava-next-qwen2-0.5b": "llava_next",
+    "smolvlm-256m": "idefics3",
 }
+ARCHS: dict[str, tuple[str, str | None]] = {name: HF_CLASSES[mt] for name, mt in ARCH_TYPES.items()}
 
 # per arch: (batch, images per sample, height, width, text tokens per sample)
 SHAPES: dict[str, list[tuple[int, int, int, int, int]]] = {

@@ -10,12 +10,12 @@ import pytest
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.hf_model import StagedModel, staged_from_config
-from tokenbucket.cost.staged import STAGE_ITEMS, STAGES, Sample, StagedCostModel, TrainSetup
+from tokenbucket.cost.staged import ERROR_BAND, STAGE_ITEMS, STAGES, Sample, StagedCostModel, TrainSetup
 from tokenbucket.tokens._hf_json import HFConfig
 from tokenbucket.tokens.hf import VisionInputs, vision_inputs
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "hf_truth.json"
-BAND = (-5.0, 7.0)  # percent of measured: never under by more than 5 %, over by at most 7 %
+BAND = ERROR_BAND  # percent of measured: never under by more than 5 %, over by at most 7 %
 # the generator tiles SmolVLM images without upscaling them (benchmarks/hf_truth.py _smol_tiles)
 PREPROCESSORS: dict[str, dict[str, Any]] = {
     "smolvlm-256m": {"do_resize": False, "max_image_size": {"longest_edge": 512}},

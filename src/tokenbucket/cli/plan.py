@@ -55,7 +55,7 @@ from tokenbucket.cost.gpus import GPU
 from tokenbucket.cost.measured import MeasuredCostModel, ProfiledCostModel, SteppedCostModel, read_profile
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.model import ModelSpec
-from tokenbucket.cost.staged import StagedCostModel
+from tokenbucket.cost.staged import ERROR_BAND, StagedCostModel
 from tokenbucket.cost.staged_length import StagedLengthModel, measure_vision_share, staged_profile_key
 from tokenbucket.plan.manifest import Manifest, build_manifest
 from tokenbucket.tokens.lerobot import lerobot_rows
@@ -259,7 +259,7 @@ def _staged_profiled(
         (100.0 * (length.cost.memory(b, length.sample(n), first_step=first).peak_bytes - peak) / peak, b, n)
         for b, n, peak in profile.points
     ]
-    off = [e for e in errors if not -5.0 <= e[0] <= 7.0]
+    off = [e for e in errors if not ERROR_BAND[0] <= e[0] <= ERROR_BAND[1]]
     record = {"path": str(path), **cost.record(sha256)}
     record["staged_model_disagrees"] = [{"error_percent": round(e, 2), "batch": b, "length": n} for e, b, n in off]
     return cost, record

@@ -39,7 +39,7 @@ from tokenbucket.cli._staged import (
 from tokenbucket.cost.measured import Profile
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.profile import default_dtype, profile_memory, profile_points
-from tokenbucket.cost.staged import StagedCostModel
+from tokenbucket.cost.staged import ERROR_BAND, StagedCostModel
 from tokenbucket.cost.staged_length import StagedLengthModel, staged_profile_key
 from tokenbucket.plan.manifest import load_manifest
 
@@ -51,7 +51,7 @@ EXAMPLE = (
     '  tokenbucket profile --hf-config qwen2-vl-2b/ --sample \'{"images": 2, "height": 448, "width": 448, '
     '"text_tokens": 256}\' --batch 1 --train lora'
 )
-BAND = (-5.0, 7.0)  # the analytic models' stated band, percent of the measured peak
+BAND = ERROR_BAND  # the analytic models' stated band, percent of the measured peak
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -54,10 +54,12 @@ from tokenbucket.cost.model import _positive
 from tokenbucket.tokens._hf_json import HFConfig
 from tokenbucket.tokens.hf import VisionInputs, vision_inputs
 
-__all__ = ["STAGES", "STAGE_ITEMS", "Sample", "StagedCostModel", "StagedEstimate", "TrainSetup"]
+__all__ = ["ERROR_BAND", "STAGES", "STAGE_ITEMS", "Sample", "StagedCostModel", "StagedEstimate", "TrainSetup"]
 
 STAGES = ("vision", "projector", "backbone", "head_loss", "action_expert")
 STAGE_ITEMS = ("weights", "gradients", "optimizer", "activations", "transients")
+# the staged model's stated error band, percent of the measured peak (tests/test_staged_cost.py holds it)
+ERROR_BAND = (-5.0, 7.0)
 _TRAIN = ("full", "frozen-vision", "lora")
 _SHARDING = ("none", "ddp", "fsdp", "zero2", "zero3")
 _OPTIMIZER = ("adamw", "sgd", "none")
