@@ -95,9 +95,13 @@ def test_cost_max_batch_is_the_exact_boundary() -> None:
     assert cm.max_batch(8192, budget) == 0  # 24 layers of 8192² eager scores: not even one sample
 
 
-def test_cost_step_seconds_scales_with_flops_and_needs_a_gpu() -> None:
+def test_cost_step_seconds_pays_the_fixed_cost_once_and_needs_a_gpu() -> None:
+    # NOTE [ Step time ]: two samples in one step cost less than two steps of one
     cm = CostModel(DESIGN, "H100-SXM", mfu=0.5)
-    assert cm.step_seconds(2, 4096) == pytest.approx(2 * cm.step_seconds(1, 4096), rel=0.01)
+    one, two = cm.step_time_parts(1, 4096), cm.step_time_parts(2, 4096)
+    assert two.fixed == one.fixed > 0
+    assert two.compute == pytest.approx(2 * one.compute * one.utilisation / two.utilisation, rel=1e-9)
+    assert one.total < two.total < 2 * one.total
     with pytest.raises(ConfigError, match="needs a GPU"):
         CostModel(DESIGN).step_seconds(1, 1024)
 

@@ -115,7 +115,11 @@ def test_plan_hf_config_fsdp_gives_larger_batches(tmp_path: Path, capsys: pytest
     assert all(b == adapter.max_batch(u, BUDGET) for u, b in fsdp.items())
     for u in set(plain) & set(fsdp):  # the same bound holds at least as many samples per rank
         assert fsdp[u] >= plain[u]
-    assert sum(fsdp.values()) > sum(plain.values())
+    # the bounds may move (FSDP's collectives are a fixed cost per step: NOTE [ Step time ]), so
+    # compare each FSDP bucket with what one unsharded rank fits at the same bound
+    alone = StagedLengthModel(StagedCostModel(load_hf_config(folder), config=read_hf_config(folder)), vision_share=0.95)
+    assert all(b >= alone.max_batch(u, BUDGET) for u, b in fsdp.items())
+    assert any(b > alone.max_batch(u, BUDGET) for u, b in fsdp.items())
 
 
 def test_plan_hf_config_manifest_records_the_staged_model_and_loads(
@@ -165,7 +169,10 @@ def test_staged_length_model_is_monotone_and_text_only_at_share_zero() -> None:
         assert text.memory(b, n).total == cost.memory(b, Sample(text_tokens=n)).peak_bytes
         assert text.memory(b, n).total < worst.memory(b, n).total  # image tokens cost the tower too
     assert worst.sample(1000) == Sample(images=4, height=448, width=448, text_tokens=0)  # ceil: 900 -> 4 images
-    assert worst.step_seconds(2, 1000) == pytest.approx(worst.flops(2, 1000).training / (989.4e12 * 0.4), rel=0.05)
+    parts = worst.step_time_parts(2, 1000)  # NOTE [ Step time ]: FLOPs at u(T), plus the fixed cost
+    assert parts.compute == pytest.approx(worst.flops(2, 1000).training / (989.4e12 * parts.utilisation), rel=0.01)
+    assert parts.utilisation == pytest.approx(0.4 * 2000 / (2000 + 989.4 / 3.35), rel=0.01)
+    assert worst.step_seconds(2, 1000) == parts.total > parts.compute
 
 
 def test_staged_length_model_fixed_tower_rounds_down_and_pickles() -> None:

@@ -27,6 +27,17 @@ from tokenbucket._exceptions import ConfigError
 __all__ = ["GPU", "GPUS", "get_gpu", "gpu_budget_bytes"]
 
 GIB = 2**30
+
+# NOTE [ Step-time defaults ]
+# ``mfu`` is the share of the bf16 peak a well-filled training step reaches (the saturated end of
+# the utilisation curve in :mod:`tokenbucket.cost.step_time`), from published whole-run model
+# FLOPs utilisation where one exists (``mfu_source`` names it), else the H100 figure, marked
+# assumed. ``link_gbs`` is one direction of the per-GPU interconnect from the vendor's data
+# sheet (NVLink where the SXM/OAM part has it, else PCIe x16): the rate collectives are priced
+# at. Both are starting points; ``tokenbucket calibrate`` replaces them with a run's own.
+ASSUMED = "assumed: no published training MFU found; the H100 figure (Llama 3, 38-43 %)"
+LLAMA3 = "Llama 3 (Dubey et al. 2024, Table 4): 38-43 % BF16 MFU on 8k-16k H100s"
+MEGATRON = "Megatron-LM (Narayanan et al. SC21): 52 % of peak on 3,072 A100s; OPT-175B: 147 TFLOP/s (47 %)"
 CUDA_CONTEXT_BYTES = GIB // 2
 WORKSPACE_BYTES = GIB // 4
 SAFETY = 1.1
@@ -43,6 +54,9 @@ class GPU:
     fp32_tflops: float
     bandwidth_tbs: float
     vendor: str = "nvidia"
+    link_gbs: float = 32.0
+    mfu: float = 0.40
+    mfu_source: str = ASSUMED
 
     @property
     def visible_bytes(self) -> int:
@@ -63,19 +77,19 @@ class GPU:
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
-        GPU("A100-40GB", 39.39, 312, 312, 19.5, 1.555),
-        GPU("A100-80GB", 79.15, 312, 312, 19.5, 2.039),
-        GPU("H100-SXM", 79.11, 989, 989, 67, 3.35),
-        GPU("H100-PCIe", 79.11, 756, 756, 51, 2.0),
-        GPU("H200", 139.8, 989, 989, 67, 4.8),
-        GPU("B200", 178.4, 2250, 2250, 80, 8.0),
+        GPU("A100-40GB", 39.39, 312, 312, 19.5, 1.555, link_gbs=300, mfu=0.45, mfu_source=MEGATRON),
+        GPU("A100-80GB", 79.15, 312, 312, 19.5, 2.039, link_gbs=300, mfu=0.45, mfu_source=MEGATRON),
+        GPU("H100-SXM", 79.11, 989, 989, 67, 3.35, link_gbs=450, mfu=0.40, mfu_source=LLAMA3),
+        GPU("H100-PCIe", 79.11, 756, 756, 51, 2.0, link_gbs=64),
+        GPU("H200", 139.8, 989, 989, 67, 4.8, link_gbs=450),
+        GPU("B200", 178.4, 2250, 2250, 80, 8.0, link_gbs=900),
         GPU("L40S", 44.39, 362, 362, 91.6, 0.864),
         GPU("RTX-4090", 23.65, 165, 165, 82.6, 1.008),
         GPU("RTX-3090", 23.57, 71, 71, 35.6, 0.936),
         GPU("A10G", 22.07, 70, 70, 31.2, 0.6),
         GPU("L4", 22.03, 121, 121, 30.3, 0.3),
-        GPU("MI300X", 191.5, 1307, 1307, 163.4, 5.3, vendor="amd"),
-        GPU("V100-32GB", 31.74, None, 125, 15.7, 0.9),
+        GPU("MI300X", 191.5, 1307, 1307, 163.4, 5.3, vendor="amd", link_gbs=448),
+        GPU("V100-32GB", 31.74, None, 125, 15.7, 0.9, link_gbs=150),
     )
 }
 

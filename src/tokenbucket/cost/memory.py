@@ -58,6 +58,7 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket._search import grow_then_bisect
 from tokenbucket.cost.gpus import GPU, get_gpu
 from tokenbucket.cost.model import ModelSpec
+from tokenbucket.cost.step_time import KERNELS_PER_BLOCK, FixedCost, StepSeconds, StepTime, optimizer_io_bytes
 
 __all__ = ["CostModel", "FlopsEstimate", "MemoryEstimate"]
 
@@ -144,19 +145,29 @@ class CostModel:
     Args:
         model: the :class:`ModelSpec`.
         gpu: a GPU name or :class:`GPU` (for ``step_seconds`` and ``fits``); optional.
-        mfu: assumed model FLOPs utilisation for ``step_seconds`` (default 0.4).
+        mfu: the saturated FLOPs utilisation of ``step_seconds`` (default: the GPU's, from the
+            registry; NOTE [ Step-time defaults ]).
+        step_time: a :class:`StepTime` (a calibration's) instead of the GPU's defaults; with it,
+            ``step_seconds`` needs no GPU.
     """
 
-    def __init__(self, model: ModelSpec, gpu: str | GPU | None = None, *, mfu: float = 0.4) -> None:
+    def __init__(
+        self, model: ModelSpec, gpu: str | GPU | None = None, *, mfu: float | None = None,
+        step_time: StepTime | None = None,
+    ) -> None:  # fmt: skip
         if not isinstance(model, ModelSpec):
             raise ConfigError(f"model should be a ModelSpec, but got {type(model).__name__}")
-        if not 0 < mfu <= 1:
+        if mfu is not None and (isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1):
             raise ConfigError(f"mfu should be in (0, 1], but got mfu={mfu}")
+        if step_time is not None and not isinstance(step_time, StepTime):
+            raise ConfigError(f"step_time should be a StepTime, but got {type(step_time).__name__}")
         self.model = model
         self.gpu = get_gpu(gpu) if gpu is not None else None
-        self.mfu = mfu
-        if self.gpu is not None:
-            self.gpu.peak_flops(model.precision)  # V100 + bf16 fails here, not mid-plan
+        if step_time is None and self.gpu is not None:
+            # V100 + bf16 fails here, not mid-plan
+            step_time = StepTime.for_gpu(self.gpu, precision=model.precision, mfu=mfu)
+        self.step_time = step_time
+        self.mfu = step_time.mfu if step_time is not None else (0.4 if mfu is None else mfu)
 
     def __repr__(self) -> str:
         return f"CostModel({self.model!r}, gpu={self.gpu.name if self.gpu else None!r}, mfu={self.mfu})"
@@ -359,11 +370,23 @@ class CostModel:
             training_attention=training_attention,
         )
 
-    def step_seconds(self, batch: int | Sequence[int], length: int | None = None) -> float:
-        """Predicted seconds per step: FLOPs over the GPU's peak at ``mfu`` utilisation."""
-        if self.gpu is None:
+    def fixed_cost(self) -> FixedCost:
+        """What every step pays on the GPU whatever its tokens (NOTE [ Step time ]): one rank,
+        unsharded."""
+        _, _, gradients, optimizer, _ = self._static()
+        kernels = KERNELS_PER_BLOCK * self.model.layers if self.model.mode == "train" else 0
+        return FixedCost(optimizer_io_bytes(optimizer, gradients), 0, kernels)
+
+    def step_time_parts(self, batch: int | Sequence[int], length: int | None = None) -> StepSeconds:
+        """Predicted seconds of one step, itemised (NOTE [ Step time ])."""
+        if self.step_time is None:
             raise ConfigError("step_seconds needs a GPU: CostModel(model, gpu='H100-SXM')")
-        return self.flops(batch, length).training / (self.gpu.peak_flops(self.model.precision) * self.mfu)
+        b, n = _shape(batch, length)
+        return self.step_time.seconds(self.flops(b, n).training, b * n, fixed=self.fixed_cost())
+
+    def step_seconds(self, batch: int | Sequence[int], length: int | None = None) -> float:
+        """Predicted seconds per step: fixed costs plus FLOPs at the utilisation of its tokens."""
+        return self.step_time_parts(batch, length).total
 
     def fits(self, batch: int | Sequence[int], length: int | None, budget_bytes: int) -> bool:
         return self.memory(batch, length).total <= budget_bytes

@@ -31,6 +31,14 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.gpus import GPU
 from tokenbucket.cost.memory import FlopsEstimate
 from tokenbucket.cost.staged import Sample, StagedCostModel, StagedEstimate
+from tokenbucket.cost.step_time import (
+    KERNELS_PER_BLOCK,
+    FixedCost,
+    StepSeconds,
+    StepTime,
+    comm_bytes,
+    optimizer_io_bytes,
+)
 from tokenbucket.tokens._hf_json import LLAVA_PINPOINTS
 from tokenbucket.tokens.breakdown import breakdown_table
 from tokenbucket.tokens.hf import image_tokens
@@ -38,7 +46,6 @@ from tokenbucket.tokens.metadata import iter_metadata_batches
 from tokenbucket.tokens.spec import TokenSpec
 
 __all__ = [
-    "MFU",
     "StagedLengthEstimate",
     "StagedLengthModel",
     "default_image",
@@ -46,7 +53,6 @@ __all__ = [
     "staged_profile_key",
 ]
 
-MFU = 0.4  # the share of the GPU's bf16 peak that step_seconds assumes
 _QWEN = ("qwen2_vl", "qwen2_5_vl")
 _VARIABLE = (*_QWEN, "llava_next", "idefics3", "smolvlm")  # image tokens depend on the image's size
 
@@ -145,6 +151,7 @@ class StagedLengthModel:
         h, w = self.image or (0, 0)
         self.image_tokens = cost.vision_inputs(Sample(images=1, height=h, width=w)).llm_tokens if self.image else 0
         self._memo: dict[tuple[int, int], StagedLengthEstimate] = {}
+        self._fixed: FixedCost | None = None
 
     def __repr__(self) -> str:
         return f"StagedLengthModel({self.cost!r}, vision_share={self.vision_share}, image={self.image})"
@@ -215,11 +222,40 @@ class StagedLengthModel:
             training_attention=training_attention,
         )  # fmt: skip
 
-    def step_seconds(self, batch: int, length: int) -> float:
-        """Training FLOPs over the GPU's bf16 peak at ``MFU`` (40 %)."""
-        if self.cost.gpu is None:
+    @property
+    def step_time(self) -> StepTime | None:
+        """The GPU's step-time defaults at bf16 (NOTE [ Step-time defaults ]); ``None`` without a GPU."""
+        return StepTime.for_gpu(self.cost.gpu) if self.cost.gpu is not None else None
+
+    def fixed_cost(self) -> FixedCost:
+        """What every step pays on one rank whatever its tokens (NOTE [ Step time ]): the optimizer
+        over this rank's share of the trainable parameters, the setup's collectives, the kernels
+        of every block that runs."""
+        if self._fixed is not None:
+            return self._fixed
+        setup = self.cost.setup
+        units = self.cost.units(1, Sample(text_tokens=1))
+        params = sum(u.params for u in units)
+        trainable = sum(u.trainable for u in units)
+        states = {"adamw": 2, "sgd": 1, "none": 0}[setup.optimizer]
+        grads = 2 * trainable  # bf16, the whole model's
+        optimizer = states * math.ceil(grads / setup.state_shards)
+        sent = comm_bytes(setup.sharding, setup.world_size, 2 * params, grads)
+        self._fixed = FixedCost(optimizer_io_bytes(optimizer, math.ceil(grads / setup.state_shards)), sent,
+                                KERNELS_PER_BLOCK * len(units))  # fmt: skip
+        return self._fixed
+
+    def step_time_parts(self, batch: int, length: int) -> StepSeconds:
+        """Predicted seconds of one step on one rank, itemised (NOTE [ Step time ])."""
+        st = self.step_time
+        if st is None:
             raise ConfigError("step_seconds needs a GPU: StagedCostModel(model, setup, gpu='H100-SXM')")
-        return self.flops(batch, length).training / (self.cost.gpu.peak_flops("bf16") * MFU)
+        return st.seconds(self.flops(batch, length).training, batch * length, fixed=self.fixed_cost())
+
+    def step_seconds(self, batch: int, length: int) -> float:
+        """Predicted seconds of one step on one rank: fixed costs plus FLOPs at the utilisation of
+        its tokens (NOTE [ Step time ])."""
+        return self.step_time_parts(batch, length).total
 
 
 # NOTE [ Staged FLOPs ]

@@ -9,12 +9,16 @@ drift of the plan, and OOM capture that loses no sample.
 
 Events (one dict each, to every sink; JSON-ready):
 
-* ``start``: ``budget_bytes``, ``risk_threshold``, ``drift_margin``, ``plan_mode``, ``buckets``
+* ``start``: ``budget_bytes``, ``risk_threshold``, ``drift_margin``, ``plan_mode``,
+  ``step_time`` (the cost model's :class:`~tokenbucket.cost.step_time.StepTime`, or ``None``), ``buckets``
   (``bucket``, ``bound``, ``batch_size``, ``predicted_peak_bytes`` each).
 * ``step``: ``step``, ``bucket``, ``rows``, ``length``, ``real_tokens``, ``padded_tokens``,
   ``latency_s``, ``tokens_per_s`` (real tokens), ``predicted_bytes``, ``measured_bytes`` and
   ``reserved_bytes`` (``torch.cuda.max_memory_allocated`` / ``_reserved`` since the step began;
-  ``None`` without a memory reader, e.g. on CPU), ``risk`` (predicted / budget).
+  ``None`` without a memory reader, e.g. on CPU), ``risk`` (predicted / budget), and with a
+  cost model that counts FLOPs ``flops`` (training FLOPs at the step's shape) and
+  ``predicted_s`` (its predicted seconds; ``None`` without a GPU), which ``tokenbucket
+  calibrate`` fits (NOTE [ Calibration fit ]).
 * ``risk``: a batch above ``risk_threshold``: ``keys``, ``tokens`` by modality, ``cameras``.
 * ``oom``: an out-of-memory error: the batch's ``keys``, ``tokens``, ``cameras``, ``policy``,
   ``message`` (and ``replay`` when its keys went to the replay file).
@@ -246,6 +250,7 @@ class BucketMonitor:
         self._info: BatchInfo | None = None
         self._start = 0.0
         self._events: tuple[Any, Any] | None = None
+        self._times: dict[tuple[int, int], dict[str, float | None]] = {}
         self._emit(
             {
                 "event": "start",
@@ -254,6 +259,7 @@ class BucketMonitor:
                 "risk_threshold": self.risk_threshold,
                 "drift_margin": self.drift_margin,
                 "plan_mode": plan.mode,
+                "step_time": _step_time_dict(cost_model),
                 "buckets": [
                     {
                         "bucket": k,
@@ -359,11 +365,29 @@ class BucketMonitor:
                 "measured_bytes": measured,
                 "reserved_bytes": reserved,
                 "risk": info.risk,
+                **self._predicted_time(info.shape[0], info.shape[1]),
             }
             for sink in self.sinks:
                 sink(event)
         if measured is not None:
             self._check_drift(info.bucket, measured / info.predicted_peak_bytes, step)
+
+    def _predicted_time(self, rows: int, length: int) -> dict[str, float | None]:
+        """``flops`` (training FLOPs at the step's shape) and ``predicted_s`` for the log, which
+        ``tokenbucket calibrate`` fits (NOTE [ Calibration fit ]); empty without a cost model
+        that counts FLOPs."""
+        key = (rows, length)
+        if key not in self._times:
+            cost = self.cost_model
+            if cost is None or not hasattr(cost, "flops") or rows < 1 or length < 1:
+                self._times[key] = {}
+            else:
+                timed = getattr(cost, "gpu", None) is not None or getattr(cost, "step_time", None) is not None
+                self._times[key] = {
+                    "flops": float(cost.flops(rows, length).training),
+                    "predicted_s": float(cost.step_seconds(rows, length)) if timed else None,
+                }
+        return self._times[key]
 
     def step(self, info: BatchInfo, batch: object = None) -> _StepScope:
         """``with monitor.step(batch["info"], batch): ...`` — times and records the step; an OOM
@@ -620,6 +644,12 @@ _RECORDED = "_tokenbucket_oom_recorded"
 
 class _Parts(list[Any]):
     """The results of a batch run in parts (told apart from a step function that returns a list)."""
+
+
+def _step_time_dict(cost: object) -> dict[str, Any] | None:
+    """The step-time model a cost model prices steps with (NOTE [ Step time ]), for the log."""
+    st = getattr(cost, "step_time", None)
+    return st.to_dict() if st is not None and hasattr(st, "to_dict") else None
 
 
 def _flat(result: object) -> list[object]:

@@ -107,8 +107,9 @@ class SupportsCost(PredictsMemory, Protocol):
 
 
 def step_cost(cost: SupportsCost, batch: int, length: int) -> float:
-    """Seconds per step; without a GPU, training FLOPs at 1 PFLOP/s (the ranking is the same)."""
-    if getattr(cost, "gpu", None) is not None:
+    """Seconds per step (NOTE [ Step time ]); without a GPU or a calibrated step time, training
+    FLOPs at 1 PFLOP/s (a ranking by FLOPs alone)."""
+    if getattr(cost, "gpu", None) is not None or getattr(cost, "step_time", None) is not None:
         return float(cost.step_seconds(batch, length))
     return float(cost.flops(batch, length).training) / 1e15
 
