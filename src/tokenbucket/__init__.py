@@ -76,6 +76,11 @@ _LAZY = {
     "gpu_budget_bytes": "cost.gpus",
     "ledger_with_whatifs": "cost.ledger",
     "shape_ledger": "cost.ledger",
+    "StepTime": "cost.step_time",
+    "CalibratedCostModel": "cost.calibration",
+    "Calibration": "cost.calibration",
+    "load_calibration": "cost.calibration",
+    "calibrate_log": "monitor.calibrate",
     "MeasuredCostModel": "cost.profile",
     "profile_memory": "cost.profile",
     "Bucket": "plan.bucket_plan",
@@ -97,6 +102,8 @@ _LAZY = {
     "PackedCollate": "train.packing",
     "block_diagonal_mask": "train.packing",
     "RiskSplitSampler": "train.risk",
+    "WarmupRecord": "train.warmup",
+    "warm_up": "train.warmup",
     "StreamBucketer": "stream.bucketer",
     "BucketedStream": "stream.dataset",
     "StreamCollate": "stream.dataset",
@@ -120,11 +127,14 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from tokenbucket.cost.calibration import CalibratedCostModel, Calibration, load_calibration
     from tokenbucket.cost.gpus import GPU, GPUS, get_gpu, gpu_budget_bytes
     from tokenbucket.cost.ledger import ledger_with_whatifs, shape_ledger
     from tokenbucket.cost.memory import CostModel, FlopsEstimate, MemoryEstimate
     from tokenbucket.cost.model import ModelSpec
     from tokenbucket.cost.profile import MeasuredCostModel, profile_memory
+    from tokenbucket.cost.step_time import StepTime
+    from tokenbucket.monitor.calibrate import calibrate_log
     from tokenbucket.monitor.hooks import BucketMonitor
     from tokenbucket.monitor.report import read_events, write_report
     from tokenbucket.monitor.sinks import JsonlSink, LoggingSink, TensorBoardSink
@@ -145,6 +155,7 @@ if TYPE_CHECKING:
     from tokenbucket.train.packing import PackedBatchSampler, PackedCollate, block_diagonal_mask
     from tokenbucket.train.risk import RiskSplitSampler
     from tokenbucket.train.sampler import BucketBatchSampler
+    from tokenbucket.train.warmup import WarmupRecord, warm_up
 
 __version__ = "0.1.0"
 
@@ -158,6 +169,8 @@ __all__ = [
     "BucketMonitor",
     "BucketPlan",
     "BucketedStream",
+    "CalibratedCostModel",
+    "Calibration",
     "CameraSpec",
     "CameraTokens",
     "ColumnMap",
@@ -194,6 +207,7 @@ __all__ = [
     "RiskSplitSampler",
     "Segment",
     "StateError",
+    "StepTime",
     "StreamBucketer",
     "StreamCollate",
     "TensorBoardSink",
@@ -202,10 +216,12 @@ __all__ = [
     "TokenSpec",
     "TokenbucketError",
     "UsageError",
+    "WarmupRecord",
     "block_diagonal_mask",
     "breakdown_sample",
     "breakdown_table",
     "build_manifest",
+    "calibrate_log",
     "check_plan",
     "format_summary",
     "get_gpu",
@@ -213,6 +229,7 @@ __all__ = [
     "ledger_with_whatifs",
     "lerobot_mixture",
     "lerobot_rows",
+    "load_calibration",
     "load_manifest",
     "plan_buckets",
     "plan_from_bounds",
@@ -221,5 +238,6 @@ __all__ = [
     "read_metadata",
     "shape_ledger",
     "token_layout",
+    "warm_up",
     "write_report",
 ]

@@ -51,7 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", help="GPU target, e.g. h100-sxm (see `tokenbucket gpus`; a unique prefix will do)")
     parser.add_argument("--budget-gib", type=positive_float, help="memory budget in GiB instead of a GPU's")
     parser.add_argument(
-        "--mfu", type=unit_fraction, default=0.4, help="assumed FLOPs utilisation in (0, 1] for step time (default 0.4)"
+        "--mfu",
+        type=unit_fraction,
+        help="the saturated FLOPs utilisation in (0, 1] for step time (default: the --gpu's, from the registry "
+        "with its source; `tokenbucket gpus --json` lists them)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _add_model_flags(parser, with_config=True)
@@ -74,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
     if budget is not None:
         out.update(budget_bytes=budget, fits=mem.total <= budget, max_batch=cost.max_batch(args.length, budget))
     if cost.gpu is not None:
-        out["step_seconds"] = cost.step_seconds(args.batch, args.length)
+        parts = cost.step_time_parts(args.batch, args.length)
+        out["step_seconds"] = parts.total
+        out["step_time"] = parts.to_dict()
     if args.json:
         print(json.dumps(out))
         return 0
@@ -90,8 +95,14 @@ def run(args: argparse.Namespace) -> int:
     if budget is not None:
         verdict = "fits" if out["fits"] else "does NOT fit"
         print(f"  budget {_gib(budget)}: {verdict}; largest batch at this length: {out['max_batch']}")
-    if "step_seconds" in out:
-        print(f"  step time at {args.mfu:.0%} of {cost.gpu.name} peak: {out['step_seconds'] * 1e3:,.1f} ms")  # type: ignore[union-attr]
+    if cost.step_time is not None and cost.gpu is not None:
+        p, st = out["step_time"], cost.step_time
+        print(
+            f"  step time {p['total'] * 1e3:,.1f} ms = fixed {p['fixed'] * 1e3:,.1f} ms (launch "
+            f"{p['launch'] * 1e3:,.1f}, optimizer {p['optimizer'] * 1e3:,.1f}, collectives "
+            f"{p['communication'] * 1e3:,.1f}) + compute {p['compute'] * 1e3:,.1f} ms at {p['utilisation']:.0%} of "
+            f"{cost.gpu.name}'s peak ({st.mfu:.0%} saturated; source: {st.source})"
+        )
     return 0
 
 

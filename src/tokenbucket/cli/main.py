@@ -64,6 +64,8 @@ VERBS: tuple[tuple[str, str, str], ...] = (
     ("plan", "plan", "plan memory-safe buckets and write the manifest"),
     ("inspect", "inspect_", "the plan and length histogram of a manifest"),
     ("report", "report", "per-bucket latency, memory and risk of a training run's JSONL log"),
+    ("calibrate", "calibrate", "fit step time and memory offsets to a training run's log"),
+    ("replan", "replan", "a new plan for a manifest from a training run's measured figures"),
     ("demo", "demo", "the main job on a realistic multi-camera dataset"),
 )
 

@@ -51,6 +51,7 @@ from tokenbucket.cli._staged import (
     staged_token_spec,
 )
 from tokenbucket.cli._tables import _plan_json, _print_plan
+from tokenbucket.cost.calibration import CalibratedCostModel, load_calibration
 from tokenbucket.cost.gpus import GPU
 from tokenbucket.cost.measured import MeasuredCostModel, ProfiledCostModel, SteppedCostModel, read_profile
 from tokenbucket.cost.memory import CostModel
@@ -146,6 +147,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "With --hf-config: a profile of `profile --hf-config ... --save` (each length's worst sample; a bound "
         "priced at the next measured length), refused for another config or training setup or a lighter "
         "--vision-share",
+    )
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="plan with a run's calibration (`tokenbucket calibrate RUN.jsonl --out FILE`): its fitted step time "
+        "ranks the plans and its positive memory offsets (measured - predicted peak) lower the batch sizes",
     )
     parser.add_argument(
         "--engine",
@@ -427,6 +435,11 @@ def run(args: argparse.Namespace) -> int:
             cost = _staged_length(args, staged_cost, spec, sources, meta["model"])
             if args.profile is not None:
                 cost, meta["profile"] = _staged_profiled(args.profile, cost, gpu)
+        if args.calibration is not None:
+            calibration = load_calibration(args.calibration)
+            cost = CalibratedCostModel(cost, calibration)  # type: ignore[assignment]
+            meta["calibration"] = {"file": str(args.calibration), "source": calibration.source,
+                                   "step_time": calibration.step_time.to_dict()}  # fmt: skip
         manifest = _builder(args)(
             sources,
             spec,
@@ -463,5 +476,10 @@ def run(args: argparse.Namespace) -> int:
                     f"by up to {worst['error_percent']:+.1f} % (batch {worst['batch']}, {worst['length']:,} tokens): "
                     "the plan follows the measurement"
                 )
+        if args.calibration is not None:
+            print(
+                f"step times and memory offsets from calibration {args.calibration} "
+                f"(fitted on {meta['calibration']['source'] or 'a run'})"
+            )
         print(f"manifest: {args.out} ({len(manifest):,} rows)")
     return 0

@@ -1,20 +1,22 @@
 """Calibration: a run's measured step times and peaks, turned into a file ``plan`` takes.
 
-:func:`fit_step_time` fits NOTE [ Step time ]'s fixed cost, saturated FLOP/s and ``T_half`` to
+:func:`fit_step_time` fits NOTE [ Step time ]'s fixed cost, saturated FLOP/s and ``T_knee`` to
 measured steps; :class:`Calibration` holds that fit and per-bucket memory offsets (measured peak
 minus predicted) and is saved as JSON; :class:`CalibratedCostModel` wraps any cost model the
 planner takes with them. ``tokenbucket calibrate RUN.jsonl`` makes the file from a monitor log.
 
 NOTE [ Calibration fit ]
-``seconds = F + a x FLOPs + c x FLOPs / T`` (NOTE [ Step time ] with ``a = 1 / (peak x mfu)``,
-``c = T_half x a``) is linear in ``(F, a, c)``, so the fit is least squares, each step weighted by
-the inverse of its time (relative errors: a 10 ms step counts as much as a 10 s one). A
-coefficient that comes out negative is dropped and the rest refitted (``c < 0``: no measurable
-curve, ``T_half = 0``, as when FLOPs per token hardly vary (under 1 %) and ``FLOPs / T`` is the
-fixed column again; ``F < 0``: no measurable fixed cost); ``a <= 0`` means the times do not
-grow with FLOPs and nothing is fitted. The first step of every shape is left out (it pays
-compilation, autotuning and the allocator's first requests). ``mfu`` is ``1 / (a x peak)`` with the
-log's peak FLOP/s, or the nominal 1 PFLOP/s the planner ranks by when the run had none (a CPU).
+``seconds = F + a x FLOPs x max(1, T_knee / T)`` (NOTE [ Step time ], ``a = 1 / (peak x mfu)``) is
+linear in ``(F, a)`` once ``T_knee`` is fixed, so the fit is least squares at each candidate knee
+(none, every distinct ``T`` in the log, then a golden-section search between the best one's
+neighbours), keeping the knee with the least error. Each step is weighted by the inverse of its
+time (relative errors: a 10 ms step counts as much as a 10 s one). ``F < 0`` is refitted as 0;
+``a <= 0`` means the times do not grow with FLOPs and nothing is fitted. A log whose steps all
+lie above the knee cannot place it (any knee below its smallest step fits as well): the fit
+keeps ``prior_knee`` (the run's own model's) capped at that smallest step, and says so in
+``knee_found``. The first step of every shape is left out (it pays compilation, autotuning and
+the allocator's first requests). ``mfu`` is ``1 / (a x peak)`` with the log's peak FLOP/s, or the
+nominal 1 PFLOP/s the planner ranks by when the run had none (a CPU).
 
 Memory offsets are applied only where the run measured more than predicted (a positive offset
 lowers that bucket's batch size); a negative one is reported, not used: one run's slack is no
@@ -22,13 +24,13 @@ promise for a larger batch.
 
 Example:
     >>> import numpy as np
-    >>> flops = np.array([1e12, 4e12, 2e12, 8e12]); tokens = np.array([512, 4096, 512, 8192])
-    >>> truth = StepTime(peak_flops=1e14, mfu=0.5, half_tokens=300, fixed_seconds=0.01)
+    >>> tokens = np.array([128, 256, 512, 1024, 4096, 8192]); flops = 2e9 * tokens
+    >>> truth = StepTime(peak_flops=1e14, mfu=0.5, knee_tokens=700, fixed_seconds=0.01)
     >>> fixed = FixedCost(0, 0, 0)
     >>> seconds = np.array([truth.seconds(f, t, fixed=fixed).total for f, t in zip(flops, tokens)])
-    >>> fit = fit_step_time(seconds, flops, tokens, peak_flops=1e14)
-    >>> round(fit.fixed_seconds, 4), round(fit.mfu, 3), round(fit.half_tokens)
-    (0.01, 0.5, 300)
+    >>> fit, found = fit_step_time(seconds, flops, tokens, peak_flops=1e14)
+    >>> round(fit.fixed_seconds, 4), round(fit.mfu, 3), round(fit.knee_tokens), found
+    (0.01, 0.5, 700, True)
 """
 
 from __future__ import annotations
@@ -53,13 +55,21 @@ NOMINAL_PEAK = 1e15  # what the planner ranks by without a GPU (plan._search.ste
 
 
 def fit_step_time(
-    seconds: np.ndarray, flops: np.ndarray, tokens: np.ndarray, *, peak_flops: float | None = None, source: str = ""
-) -> StepTime:
-    """The step-time model that best explains measured steps (NOTE [ Calibration fit ]).
+    seconds: np.ndarray,
+    flops: np.ndarray,
+    tokens: np.ndarray,
+    *,
+    peak_flops: float | None = None,
+    prior_knee: float = 0.0,
+    source: str = "",
+) -> tuple[StepTime, bool]:
+    """The step-time model that best explains measured steps (NOTE [ Calibration fit ]), and
+    whether the log placed the knee.
 
     Args:
         seconds, flops, tokens: per step, its measured seconds, training FLOPs and padded tokens.
         peak_flops: the GPU's peak the run's ``mfu`` is a share of (``None``: 1 PFLOP/s).
+        prior_knee: the knee to keep (capped at the smallest step) when the log cannot place it.
         source: recorded in the result.
     """
     t = np.asarray(seconds, dtype=np.float64)
@@ -71,36 +81,46 @@ def fit_step_time(
         raise ConfigError(
             f"calibration needs steps of at least two shapes with different FLOPs, but got {len(np.unique(f))}"
         )
-    columns = {"fixed": np.ones_like(t), "a": f, "c": f / n}
-    per_token = f / n
-    if len({(a, b) for a, b in zip(f.tolist(), n.tolist(), strict=True)}) < 3 or (
-        per_token.std() < 0.01 * per_token.mean()
-    ):
-        del columns["c"]  # two shapes, or equal FLOPs per token, cannot tell the curve from the fixed cost
-    coef: dict[str, float] = {}
-    while True:
-        names = list(columns)
-        design = np.stack([columns[k] / t for k in names], axis=1)
-        solved, *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
-        coef = dict(zip(names, solved.tolist(), strict=True))
-        negative = [k for k in names if k != "a" and coef[k] < 0]
-        if not negative:
-            break
-        del columns[min(negative, key=lambda k: coef[k] * float(np.median(columns[k])))]
-    a = coef["a"]
+
+    def solve(knee: float) -> tuple[float, float, float]:
+        g = f * np.maximum(1.0, knee / n)
+        design = np.stack([np.ones_like(t), g], axis=1) / t[:, None]
+        scale = np.linalg.norm(design, axis=0)  # FLOPs are ~1e12 x the ones column: scale, then solve
+        solved, *_ = np.linalg.lstsq(design / scale, np.ones_like(t), rcond=None)
+        fixed, a = solved / scale
+        if fixed < 0:  # no measurable fixed cost
+            fixed, a = 0.0, float((g / t).sum() / ((g / t) ** 2).sum())
+        residual = float((((fixed + a * g) / t - 1) ** 2).sum())
+        return residual, float(fixed), float(a)
+
+    candidates = np.unique(n)
+    fits = [(solve(0.0), 0.0)] + [(solve(float(k)), float(k)) for k in candidates]
+    (best, knee) = min(fits, key=lambda x: x[0][0])
+    where = int(np.searchsorted(candidates, knee))
+    if knee > 0:  # golden section between the neighbours of the best candidate
+        lo = float(candidates[where - 1]) if where > 0 else 0.0
+        hi = float(candidates[where + 1]) if where + 1 < len(candidates) else knee
+        ratio = (5**0.5 - 1) / 2
+        for _ in range(40):
+            x1, x2 = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+            if solve(x1)[0] <= solve(x2)[0]:
+                hi = x2
+            else:
+                lo = x1
+        mid = (lo + hi) / 2
+        if solve(mid)[0] < best[0]:
+            best, knee = solve(mid), mid
+    _, fixed, a = best
+    found = knee > float(n.min())
+    if not found:
+        knee = min(float(prior_knee), float(n.min()))
     if a <= 0:
         raise ConfigError("the measured step times do not grow with the steps' FLOPs; nothing to calibrate")
     peak = NOMINAL_PEAK if peak_flops is None else float(peak_flops)
     mfu = 1.0 / (a * peak)
     if mfu > 1:  # a run faster than the peak it names: keep the throughput, raise the peak
         peak, mfu = 1.0 / a, 1.0
-    return StepTime(
-        peak_flops=peak,
-        mfu=mfu,
-        half_tokens=max(0.0, coef.get("c", 0.0) / a),
-        fixed_seconds=max(0.0, coef.get("fixed", 0.0)),
-        source=source,
-    )
+    return StepTime(peak_flops=peak, mfu=mfu, knee_tokens=knee, fixed_seconds=fixed, source=source), found
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 NOTE [ Step time ]
 A step's seconds on one rank are::
 
-    seconds = fixed + FLOPs / (peak x u(T)),     u(T) = mfu x T / (T + T_half)
+    seconds = fixed + FLOPs / (peak x u(T)),     u(T) = mfu x min(1, T / T_knee)
 
 with ``T`` the step's padded tokens (rows x length) and ``FLOPs`` its training FLOPs. ``fixed``
 is what the step pays whatever its tokens:
@@ -19,24 +19,24 @@ is what the step pays whatever its tokens:
   calibration.
 
 ``mfu`` (the saturated share of peak) and the link come from the GPU registry, with their
-sources (NOTE [ Step-time defaults ]). ``T_half`` defaults to the GPU's ridge point, peak FLOP/s
-over memory bandwidth: the token count at which a bf16 weight matmul turns compute-bound (the
-roofline, Williams, Waterman & Patterson 2009); the hyperbola is a smooth stand-in for the
-roofline's corner. With a fixed cost, batch size 1 is no longer free: a plan of many small
-batches pays ``fixed`` per step and runs at low ``u(T)``.
+sources (NOTE [ Step-time defaults ]). ``T_knee`` defaults to the GPU's ridge point, peak FLOP/s
+over memory bandwidth: the token count below which a bf16 weight matmul is bound by reading its
+weights rather than by arithmetic (the roofline, Williams, Waterman & Patterson 2009), so below
+it a step's compute time stops shrinking with its tokens. With a fixed cost and the knee, batch
+size 1 is no longer free: a plan of many small batches pays ``fixed`` per step, and a step under
+the knee pays for tokens it does not have.
 
-Calibration (``tokenbucket calibrate``) fits ``fixed``, the saturated FLOP/s and ``T_half`` to a
-run's log; because ``seconds = fixed + a x FLOPs + c x FLOPs / T`` with ``a = 1 / (peak x mfu)``
-and ``c = T_half x a``, the fit is linear least squares (NOTE [ Calibration fit ]).
+Calibration (``tokenbucket calibrate``) fits ``fixed``, the saturated FLOP/s and ``T_knee`` to a
+run's log (NOTE [ Calibration fit ]).
 
 Example:
     >>> from tokenbucket.cost.gpus import get_gpu
     >>> st = StepTime.for_gpu(get_gpu("H100-SXM"))
-    >>> round(st.half_tokens)
+    >>> round(st.knee_tokens)
     295
     >>> parts = st.seconds(6e12, 4096, fixed=FixedCost(optimizer_bytes=0, comm_bytes=0, kernels=0))
     >>> round(parts.total * 1e3, 2)
-    16.26
+    15.17
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class StepTime:
         peak_flops: FLOP/s the ``mfu`` share is of (the GPU's peak at the model's precision; a
             calibration from a CPU run keeps the nominal 1 PFLOP/s the planner ranks by).
         mfu: the share of ``peak_flops`` a large step reaches, in (0, 1].
-        half_tokens: tokens per step at which utilisation is half of ``mfu`` (0: flat).
+        knee_tokens: tokens per step below which utilisation falls in proportion (0: flat).
         bandwidth: memory bytes/s the optimizer's traffic is priced at (0: free).
         link: bytes/s one rank's collectives run at (0: free).
         launch_seconds: seconds per kernel launch.
@@ -113,7 +113,7 @@ class StepTime:
 
     peak_flops: float
     mfu: float
-    half_tokens: float
+    knee_tokens: float
     bandwidth: float = 0.0
     link: float = 0.0
     launch_seconds: float = LAUNCH_SECONDS
@@ -123,7 +123,7 @@ class StepTime:
     def __post_init__(self) -> None:
         _number("peak_flops", self.peak_flops, low=0)
         _number("mfu", self.mfu, low=0, high=1)
-        for name in ("half_tokens", "bandwidth", "link", "launch_seconds"):
+        for name in ("knee_tokens", "bandwidth", "link", "launch_seconds"):
             _number(name, getattr(self, name), low=0, open_low=False)
         if self.fixed_seconds is not None:
             _number("fixed_seconds", self.fixed_seconds, low=0, open_low=False)
@@ -137,7 +137,7 @@ class StepTime:
         return cls(
             peak_flops=peak,
             mfu=gpu.mfu if mfu is None else mfu,
-            half_tokens=peak / bandwidth,
+            knee_tokens=peak / bandwidth,
             bandwidth=bandwidth,
             link=gpu.link_gbs * 1e9,
             source=f"{gpu.name}: " + ("--mfu as given" if mfu is not None else gpu.mfu_source),
@@ -147,7 +147,7 @@ class StepTime:
         """``u(T)``: the share of ``peak_flops`` a step of ``tokens`` padded tokens reaches."""
         if tokens <= 0:
             return self.mfu
-        return self.mfu * tokens / (tokens + self.half_tokens)
+        return self.mfu * min(1.0, tokens / self.knee_tokens) if self.knee_tokens else self.mfu
 
     def seconds(self, flops: float, tokens: float, *, fixed: FixedCost) -> StepSeconds:
         """One step's seconds: ``flops`` training FLOPs over ``tokens`` padded tokens, plus ``fixed``."""

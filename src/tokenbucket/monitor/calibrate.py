@@ -28,11 +28,14 @@ from typing import Any
 import numpy as np
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.cost.calibration import Calibration, fit_step_time
+from tokenbucket.cost.calibration import CalibratedCostModel, Calibration, fit_step_time
 from tokenbucket.cost.step_time import FixedCost
 from tokenbucket.monitor.report import RunLog, read_events
+from tokenbucket.plan._search import SupportsCost
+from tokenbucket.plan.bucket_plan import BucketPlan
+from tokenbucket.plan.buckets import plan_buckets
 
-__all__ = ["StepRecord", "calibrate_log", "calibrate_steps", "step_records"]
+__all__ = ["StepRecord", "calibrate_log", "calibrate_steps", "compare", "measured_peaks", "replan", "step_records"]
 
 
 @dataclass(frozen=True)
@@ -51,13 +54,14 @@ class StepRecord:
 
 def step_records(log: RunLog) -> list[StepRecord]:
     """The log's steps, in order."""
-    return [
-        StepRecord(
-            int(e["bucket"]), int(e["rows"]), int(e["length"]), float(e["latency_s"]),
-            e.get("flops"), e.get("predicted_s"), e.get("predicted_bytes"), e.get("measured_bytes"),
-        )  # fmt: skip
-        for e in log.of("step")
-    ]
+    return [_record(e) for e in log.of("step")]
+
+
+def _record(e: Mapping[str, Any]) -> StepRecord:
+    return StepRecord(
+        int(e["bucket"]), int(e["rows"]), int(e["length"]), float(e["latency_s"]),
+        e.get("flops"), e.get("predicted_s"), e.get("predicted_bytes"), e.get("measured_bytes"),
+    )  # fmt: skip
 
 
 def calibrate_log(path: str | Path) -> Calibration:
@@ -71,6 +75,7 @@ def calibrate_log(path: str | Path) -> Calibration:
     bounds = {int(b["bucket"]): int(b["bound"]) for b in start.get("buckets", [])}
     step_time = start.get("step_time")
     peak = step_time.get("peak_flops") if isinstance(step_time, dict) else None
+    prior = float(step_time.get("knee_tokens") or 0.0) if isinstance(step_time, dict) else 0.0
     steps = step_records(log)
     if not steps:
         raise ConfigError(f"run log {str(path)!r} has no step events to calibrate from")
@@ -79,11 +84,16 @@ def calibrate_log(path: str | Path) -> Calibration:
             f"run log {str(path)!r}: its steps carry no FLOPs; give the BucketMonitor a cost model "
             "(cost_model=...) so each step records its FLOPs"
         )
-    return calibrate_steps(steps, bounds=bounds, peak_flops=peak, source=str(path))
+    return calibrate_steps(steps, bounds=bounds, peak_flops=peak, prior_knee=prior, source=str(path))
 
 
 def calibrate_steps(
-    steps: Sequence[StepRecord], *, bounds: Mapping[int, int], peak_flops: float | None = None, source: str = ""
+    steps: Sequence[StepRecord],
+    *,
+    bounds: Mapping[int, int],
+    peak_flops: float | None = None,
+    prior_knee: float = 0.0,
+    source: str = "",
 ) -> Calibration:
     """Fit the step-time model and memory offsets to ``steps`` (NOTE [ Calibration fit ]).
 
@@ -91,54 +101,71 @@ def calibrate_steps(
         steps: measured steps (those without FLOPs are left out of the time fit).
         bounds: each bucket's bound (the offsets are keyed by it).
         peak_flops: the run's GPU peak (``None``: a CPU run).
+        prior_knee: the run's own model's knee, kept when the log cannot place one.
         source: recorded in the result.
     """
-    seen: set[tuple[int, int]] = set()
-    used: list[StepRecord] = []
-    for s in steps:
-        shape = (s.rows, s.length)
-        if shape not in seen:  # the first step of a shape pays its warm-up
-            seen.add(shape)
-            continue
-        if s.flops is not None and s.seconds > 0:
-            used.append(s)
+    used = _after_warm_up(steps)
     if not used:
         raise ConfigError(f"{source or 'the run'}: no step with FLOPs after each shape's first; run longer")
     seconds = np.array([s.seconds for s in used])
     flops = np.array([float(s.flops or 0) for s in used])
     tokens = np.array([s.rows * s.length for s in used], dtype=np.float64)
-    st = fit_step_time(seconds, flops, tokens, peak_flops=peak_flops, source=source)
+    st, found = fit_step_time(seconds, flops, tokens, peak_flops=peak_flops, prior_knee=prior_knee, source=source)
     # the old model's form, step time = k x FLOPs, with its best k (relative least squares)
     ratio = flops / seconds
     k = float(ratio.sum() / (ratio**2).sum())
+    cal = Calibration(st, _offsets(steps, bounds), source, {"flops_only_seconds_per_flop": k, "knee_found": found})
+    stats = compare(cal, steps, bounds=bounds)
+    return Calibration(st, cal.memory_offsets, source, {**cal.stats, **stats, "steps_skipped": len(steps) - len(used)})
+
+
+def compare(calibration: Calibration, steps: Sequence[StepRecord], *, bounds: Mapping[int, int]) -> dict[str, Any]:
+    """Per bucket of ``steps`` (each shape's first step left out): the mean measured seconds beside
+    the run's own prediction (``planned_s``), step time proportional to FLOPs with the
+    calibration's constant (``flops_only_s``) and the calibrated model (``calibrated_s``); and
+    each one's mean error over the buckets. ``steps`` may be another run's (a held-out check)."""
+    used = _after_warm_up(steps)
+    st = calibration.step_time
+    k = float(calibration.stats.get("flops_only_seconds_per_flop", 0.0))
     none = FixedCost(0, 0, 0)
     rows: list[dict[str, Any]] = []
     for bucket in sorted({s.bucket for s in used}):
         mine = [s for s in used if s.bucket == bucket]
-        measured = float(np.mean([s.seconds for s in mine]))
-        after = float(np.mean([st.seconds(float(s.flops or 0), s.rows * s.length, fixed=none).total for s in mine]))
-        flat = float(np.mean([k * float(s.flops or 0) for s in mine]))
         before = [s.predicted_s for s in mine if s.predicted_s is not None]
         rows.append(
             {
                 "bucket": bucket,
                 "bound": bounds.get(bucket),
                 "steps": len(mine),
-                "measured_s": measured,
-                "planned_s": float(np.mean(before)) if before else None,
-                "flops_only_s": flat,
-                "calibrated_s": after,
+                "measured_s": float(np.mean([s.seconds for s in mine])),
+                "planned_s": float(np.mean(before)) if len(before) == len(mine) else None,
+                "flops_only_s": float(np.mean([k * float(s.flops or 0) for s in mine])) if k else None,
+                "calibrated_s": float(
+                    np.mean([st.seconds(float(s.flops or 0), s.rows * s.length, fixed=none).total for s in mine])
+                ),
             }
         )
-    stats = {
+    return {
         "steps_used": len(used),
-        "steps_skipped": len(steps) - len(used),
         "buckets": rows,
         "error_planned": _mean_error(rows, "planned_s"),
         "error_flops_only": _mean_error(rows, "flops_only_s"),
         "error_calibrated": _mean_error(rows, "calibrated_s"),
     }
-    return Calibration(st, _offsets(steps, bounds), source, stats)
+
+
+def _after_warm_up(steps: Sequence[StepRecord]) -> list[StepRecord]:
+    """The steps with FLOPs, each shape's first left out (it pays its warm-up)."""
+    seen: set[tuple[int, int]] = set()
+    used: list[StepRecord] = []
+    for s in steps:
+        shape = (s.rows, s.length)
+        if shape not in seen:
+            seen.add(shape)
+            continue
+        if s.flops is not None and s.seconds > 0:
+            used.append(s)
+    return used
 
 
 def _mean_error(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -157,4 +184,75 @@ def _offsets(steps: Sequence[StepRecord], bounds: Mapping[int, int]) -> dict[int
         bound = bounds[s.bucket]
         delta = int(s.measured_bytes) - int(s.predicted_bytes)
         out[bound] = max(out.get(bound, delta), delta)
+    return out
+
+
+def replan(
+    plan: BucketPlan,
+    lengths: np.ndarray,
+    cost: SupportsCost,
+    calibration: Calibration,
+    *,
+    measured_peaks: Mapping[int, int] | None = None,
+    near: float = 0.9,
+) -> tuple[BucketPlan, dict[str, Any]]:
+    """A new plan of ``lengths`` from measured figures, and what changed.
+
+    The new plan has the old one's mode, budget and number of buckets, with ``cost`` wrapped in
+    the calibration (:class:`~tokenbucket.cost.calibration.CalibratedCostModel`): its step times
+    rank the plans, its memory offsets lower the batch sizes where the run measured more than
+    predicted. Bounds are multiples of the largest of 64, 32, 16, 8 dividing every old bound.
+
+    Returns:
+        the new plan, and ``{"old": [...], "new": [...], "epoch_s": {...}, "near_budget": [...]}``:
+        per bucket its bound, batch size, batches and seconds per step; the predicted epoch of
+        the old plan as it was planned, of the old plan under the calibration, and of the new
+        plan; and the old buckets whose measured peak (``measured_peaks``: bucket -> bytes)
+        reached ``near`` x the budget.
+    """
+    if plan.mode not in ("static", "dynamic"):
+        raise ConfigError(f"replan takes a static or dynamic plan, but this one is {plan.mode!r}")
+    calibrated = CalibratedCostModel(cost, calibration)
+    bounds = [b.bound for b in plan.buckets]
+    multiple = next((m for m in (64, 32, 16, 8) if all(u % m == 0 for u in bounds)), 1)
+    new = plan_buckets(
+        lengths, calibrated, plan.budget_bytes, max_buckets=max(1, len(plan.buckets)), mode=plan.mode,  # type: ignore[arg-type]
+        on_oversize="reject", multiple=multiple,
+    )  # fmt: skip
+
+    def rows(p: BucketPlan) -> list[dict[str, Any]]:
+        return [
+            {"bound": b.bound, "batch_size": b.batch_size, "batches": b.batches, "step_s": b.step_seconds}
+            for b in p.buckets
+        ]
+
+    # without a GPU the old plan ranked by FLOPs at a nominal 1 PFLOP/s: not seconds
+    timed = getattr(cost, "gpu", None) is not None or getattr(cost, "step_time", None) is not None
+    old_recosted = sum(b.batches * calibrated.step_seconds(b.batch_size, b.bound) for b in plan.buckets)
+    peaks = measured_peaks or {}
+    near_budget = [
+        {"bucket": k, "bound": plan.buckets[k].bound, "measured_bytes": int(v), "of_budget": v / plan.budget_bytes}
+        for k, v in sorted(peaks.items())
+        if 0 <= k < len(plan.buckets) and v >= near * plan.budget_bytes
+    ]
+    diff = {
+        "old": rows(plan),
+        "new": rows(new),
+        "epoch_s": {
+            "old_as_planned": sum(b.batches * b.step_seconds for b in plan.buckets) if timed else None,
+            "old_calibrated": old_recosted,
+            "new_calibrated": sum(b.batches * b.step_seconds for b in new.buckets),
+        },
+        "near_budget": near_budget,
+        "near": near,
+    }
+    return new, diff
+
+
+def measured_peaks(steps: Sequence[StepRecord]) -> dict[int, int]:
+    """The largest measured peak per bucket (buckets without a measurement left out)."""
+    out: dict[int, int] = {}
+    for s in steps:
+        if s.measured_bytes is not None:
+            out[s.bucket] = max(out.get(s.bucket, 0), int(s.measured_bytes))
     return out

@@ -18,7 +18,8 @@ Events (one dict each, to every sink; JSON-ready):
   ``None`` without a memory reader, e.g. on CPU), ``risk`` (predicted / budget), and with a
   cost model that counts FLOPs ``flops`` (training FLOPs at the step's shape) and
   ``predicted_s`` (its predicted seconds; ``None`` without a GPU), which ``tokenbucket
-  calibrate`` fits (NOTE [ Calibration fit ]).
+  calibrate`` fits (NOTE [ Calibration fit ]); ``compiles``: frames TorchDynamo compiled during
+  the step (:func:`~tokenbucket.train.warmup.compile_count`; after a static plan's warm-up, 0).
 * ``risk``: a batch above ``risk_threshold``: ``keys``, ``tokens`` by modality, ``cameras``.
 * ``oom``: an out-of-memory error: the batch's ``keys``, ``tokens``, ``cameras``, ``policy``,
   ``message`` (and ``replay`` when its keys went to the replay file).
@@ -56,6 +57,7 @@ from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.train.batch import BatchInfo
 from tokenbucket.train.risk import check_risk_options
 from tokenbucket.train.sampler import state_count
+from tokenbucket.train.warmup import compile_count
 
 __all__ = [
     "BucketMonitor",
@@ -251,6 +253,7 @@ class BucketMonitor:
         self._start = 0.0
         self._events: tuple[Any, Any] | None = None
         self._times: dict[tuple[int, int], dict[str, float | None]] = {}
+        self._compiles = 0
         self._emit(
             {
                 "event": "start",
@@ -311,6 +314,7 @@ class BucketMonitor:
                 }
             )
         self._info = info
+        self._compiles = compile_count()
         if self.memory is not None:
             self.memory.reset()
         if self._cuda and batch is not None and _on_cuda(batch):
@@ -366,6 +370,7 @@ class BucketMonitor:
                 "reserved_bytes": reserved,
                 "risk": info.risk,
                 **self._predicted_time(info.shape[0], info.shape[1]),
+                "compiles": compile_count() - self._compiles,
             }
             for sink in self.sinks:
                 sink(event)
@@ -378,7 +383,7 @@ class BucketMonitor:
         that counts FLOPs."""
         key = (rows, length)
         if key not in self._times:
-            cost = self.cost_model
+            cost: Any = self.cost_model
             if cost is None or not hasattr(cost, "flops") or rows < 1 or length < 1:
                 self._times[key] = {}
             else:

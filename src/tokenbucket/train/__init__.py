@@ -8,6 +8,7 @@ _keys.py       the keys a collate does not know: stacked, padded with a mask, or
 batch.py       BatchInfo, Batch (.to / .pin_memory), Segment / token_layout, pad_rows: what every collate hands on
 packing.py     PackedBatchSampler, PackedCollate, block-diagonal and flex masks
 risk.py        a batch predicted above the risk threshold, caught before the GPU; RiskSplitSampler
+warmup.py      warm_up: each static bucket shape compiled once, largest first; compile_count (dynamo frames)
 lightning.py   Lightning: BucketSamplerCallback (set_epoch, checkpointed position, monitor) (optional extra)
 hf_trainer.py  Hugging Face Trainer: BucketTrainer (its loader, model inputs, exact resume) (optional extra)
 accelerate.py  Hugging Face Accelerate: prepare_loader (no second split), exact resume, tracker_sink (optional extra)
