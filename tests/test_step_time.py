@@ -300,7 +300,7 @@ def test_cli_calibrate_and_replan_errors_are_one_line(tmp_path: Path, capsys: py
         (("replan", str(manifest), "--from-log", str(bare)), "carry no FLOPs"),
         (("replan", str(meta), "--from-log", str(log)), "meta.parquet"),
     ):
-        code, out, err = cli(capsys, *argv)
+        code, _, err = cli(capsys, *argv)
         assert code == 1, (argv, err)
         assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert mine.read_text() == "keep me"
