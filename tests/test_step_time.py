@@ -293,12 +293,16 @@ def test_cli_calibrate_and_replan_errors_are_one_line(tmp_path: Path, capsys: py
                             for e in lines))  # fmt: skip
     mine = tmp_path / "mine.json"
     mine.write_text("keep me")
+    other = tmp_path / "other.jsonl"  # a run of another plan
+    first = dict(lines[0], buckets=[dict(b, batch_size=b["batch_size"] + 1) for b in lines[0]["buckets"]])
+    other.write_text("".join(json.dumps(e) + "\n" for e in [first, *lines[1:]]))
     for argv, words in (
         (("calibrate", str(tmp_path / "nope.jsonl")), "nope.jsonl"),
         (("calibrate", str(bare)), "carry no FLOPs"),
         (("calibrate", str(log), "--out", str(mine)), "not a calibration"),
         (("replan", str(manifest), "--from-log", str(bare)), "carry no FLOPs"),
         (("replan", str(meta), "--from-log", str(log)), "meta.parquet"),
+        (("replan", str(manifest), "--from-log", str(other)), "is not a run of"),
     ):
         code, _, err = cli(capsys, *argv)
         assert code == 1, (argv, err)

@@ -67,11 +67,20 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise ConfigError(f"{where}: its model: {exc}") from None
     cost = CostModel(model, recorded.get("gpu"))
+    log = read_events(args.from_log)
+    starts = log.of("start")
+    ran = [(int(b["bound"]), int(b["batch_size"])) for b in starts[-1].get("buckets", [])] if starts else []
+    planned = [(b.bound, b.batch_size) for b in manifest.plan.buckets]
+    if ran != planned:
+        raise ConfigError(
+            f"run log {str(args.from_log)!r} is not a run of {where}'s plan: its buckets (bound, batch size) "
+            f"{ran[:3]}... differ from the manifest's {planned[:3]}..."
+        )
     cal = calibrate_log(args.from_log)
     table = manifest.table
     buckets = table.column("bucket").to_numpy()
     lengths = np.asarray(table.column("total").to_numpy(zero_copy_only=False)[buckets >= 0], dtype=np.int64)
-    peaks = measured_peaks(step_records(read_events(args.from_log)))
+    peaks = measured_peaks(step_records(log))
     _, diff = replan(manifest.plan, lengths, cost, cal, measured_peaks=peaks, near=args.near)
     if args.calibration_out is not None:
         cal.save(args.calibration_out)
