@@ -308,3 +308,48 @@ def test_cli_calibrate_and_replan_errors_are_one_line(tmp_path: Path, capsys: py
         assert code == 1, (argv, err)
         assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert mine.read_text() == "keep me"
+
+
+# -- compiles, recorded by the monitor ------------------------------------------------------------------
+
+
+def test_the_monitor_records_compiles_per_step_and_none_after_a_warm_up(tmp_path: Path) -> None:
+    import torch
+
+    from tokenbucket import warm_up
+
+    torch._dynamo.reset()
+    cost = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32", attention="eager"))
+    plan = plan_buckets(np.random.default_rng(1).integers(8, 200, 48), cost, 4 * 2**20, max_buckets=3, multiple=32)
+    assert len(plan.buckets) >= 2
+    model = torch.nn.Linear(16, 16)
+    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+
+    def step(batch: dict[str, torch.Tensor]) -> None:
+        compiled(batch["tokens"]).square().mean().backward()
+        model.zero_grad(set_to_none=True)
+
+    def batch_of(k: int) -> tuple[BatchInfo, dict[str, torch.Tensor]]:
+        b = plan.buckets[k]
+        info = BatchInfo(bucket=k, shape=(b.batch_size, b.bound), keys=(), tokens={}, real_tokens=1,
+                         padded_tokens=b.batch_size * b.bound, predicted_peak_bytes=b.predicted_peak_bytes, risk=0.1)  # fmt: skip
+        return info, {"tokens": torch.randn(b.batch_size, b.bound, 16)}
+
+    def run(log: Path) -> list[int]:
+        with BucketMonitor(plan, sinks=[log], cost_model=cost, memory=None) as monitor:
+            for k in [0, 1, 0, 1, *range(len(plan.buckets))]:
+                info, batch = batch_of(k)
+                with monitor.step(info, batch):
+                    step(batch)
+        events = [json.loads(x) for x in log.read_text().splitlines()]
+        return [e["compiles"] for e in events if e["event"] == "step"]
+
+    try:
+        cold = run(tmp_path / "cold.jsonl")  # each new shape compiles once, then never again
+        assert cold[:4] == [1, 1, 0, 0] and sum(cold) == len(plan.buckets)
+        torch._dynamo.reset()
+        records = warm_up(step, plan, lambda b, n: {"tokens": torch.randn(b, n, 16)})
+        assert [r.compiles for r in records] == [1] * len(plan.buckets)
+        assert run(tmp_path / "warm.jsonl") == [0] * (4 + len(plan.buckets))
+    finally:
+        torch._dynamo.reset()

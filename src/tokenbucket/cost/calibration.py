@@ -10,7 +10,9 @@ NOTE [ Calibration fit ]
 linear in ``(F, a)`` once ``T_knee`` is fixed, so the fit is least squares at each candidate knee
 (none, every distinct ``T`` in the log, then a golden-section search between the best one's
 neighbours), keeping the knee with the least error. Each step is weighted by the inverse of its
-time (relative errors: a 10 ms step counts as much as a 10 s one). ``F < 0`` is refitted as 0;
+time (relative errors: a 10 ms step counts as much as a 10 s one), then once more without the
+steps more than three robust standard deviations (and 2 %) off (a step slowed by a garbage
+collection or a neighbour on the machine). ``F < 0`` is refitted as 0;
 ``a <= 0`` means the times do not grow with FLOPs and nothing is fitted. A log whose steps all
 lie above the knee cannot place it (any knee below its smallest step fits as well): the fit
 keeps ``prior_knee`` (the run's own model's) capped at that smallest step, and says so in
@@ -82,6 +84,29 @@ def fit_step_time(
             f"calibration needs steps of at least two shapes with different FLOPs, but got {len(np.unique(f))}"
         )
 
+    fixed, a, knee = _fit(t, f, n)
+    # one refit without the outliers (a step slowed by a collection, a neighbour, a checkpoint)
+    rel = (fixed + a * f * np.maximum(1.0, knee / n)) / t - 1 if knee else (fixed + a * f) / t - 1
+    spread = max(3 * 1.4826 * float(np.median(np.abs(rel - np.median(rel)))), 0.02)
+    keep = np.abs(rel - np.median(rel)) <= spread
+    if keep.sum() >= 3 and not keep.all() and len(np.unique(f[keep])) >= 2:
+        t, f, n = t[keep], f[keep], n[keep]
+        fixed, a, knee = _fit(t, f, n)
+    found = knee > float(n.min())
+    if not found:
+        knee = min(float(prior_knee), float(n.min()))
+    if a <= 0:
+        raise ConfigError("the measured step times do not grow with the steps' FLOPs; nothing to calibrate")
+    peak = NOMINAL_PEAK if peak_flops is None else float(peak_flops)
+    mfu = 1.0 / (a * peak)
+    if mfu > 1:  # a run faster than the peak it names: keep the throughput, raise the peak
+        peak, mfu = 1.0 / a, 1.0
+    return StepTime(peak_flops=peak, mfu=mfu, knee_tokens=knee, fixed_seconds=fixed, source=source), found
+
+
+def _fit(t: np.ndarray, f: np.ndarray, n: np.ndarray) -> tuple[float, float, float]:
+    """``(fixed, a, knee)`` of least relative squared error (NOTE [ Calibration fit ])."""
+
     def solve(knee: float) -> tuple[float, float, float]:
         g = f * np.maximum(1.0, knee / n)
         design = np.stack([np.ones_like(t), g], axis=1) / t[:, None]
@@ -111,16 +136,7 @@ def fit_step_time(
         if solve(mid)[0] < best[0]:
             best, knee = solve(mid), mid
     _, fixed, a = best
-    found = knee > float(n.min())
-    if not found:
-        knee = min(float(prior_knee), float(n.min()))
-    if a <= 0:
-        raise ConfigError("the measured step times do not grow with the steps' FLOPs; nothing to calibrate")
-    peak = NOMINAL_PEAK if peak_flops is None else float(peak_flops)
-    mfu = 1.0 / (a * peak)
-    if mfu > 1:  # a run faster than the peak it names: keep the throughput, raise the peak
-        peak, mfu = 1.0 / a, 1.0
-    return StepTime(peak_flops=peak, mfu=mfu, knee_tokens=knee, fixed_seconds=fixed, source=source), found
+    return fixed, a, knee
 
 
 @dataclass(frozen=True)

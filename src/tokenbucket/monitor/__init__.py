@@ -4,4 +4,5 @@ hooks.py       BucketMonitor: step records, drift, the OOM guard
 stats.py       per-bucket aggregates (RunStats), summarize_events, format_summary
 sinks.py       JSONL, logging and TensorBoard sinks
 report.py      a run log read back: table, plots, one HTML page
+calibrate.py   a run log fitted into a Calibration (tokenbucket calibrate), and replan
 """
