@@ -171,7 +171,8 @@ def test_staged_length_model_is_monotone_and_text_only_at_share_zero() -> None:
     assert worst.sample(1000) == Sample(images=4, height=448, width=448, text_tokens=0)  # ceil: 900 -> 4 images
     parts = worst.step_time_parts(2, 1000)  # NOTE [ Step time ]: FLOPs at u(T), plus the fixed cost
     assert parts.compute == pytest.approx(worst.flops(2, 1000).training / (989.4e12 * parts.utilisation), rel=0.01)
-    assert parts.utilisation == pytest.approx(0.4 * 2000 / (2000 + 989.4 / 3.35), rel=0.01)
+    assert parts.utilisation == 0.4  # 2,000 tokens: above the knee (the ridge point, 295 tokens)
+    assert worst.step_time_parts(1, 200).utilisation == pytest.approx(0.4 * 200 / (989 / 3.35))
     assert worst.step_seconds(2, 1000) == parts.total > parts.compute
 
 

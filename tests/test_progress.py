@@ -178,6 +178,8 @@ def _minimal_args(verb: str) -> list[str]:
         "plan": ["--out", "x.parquet"],
         "inspect": ["m.parquet"],
         "report": ["run.jsonl"],
+        "calibrate": ["run.jsonl"],
+        "replan": ["m.parquet", "--from-log", "run.jsonl"],
     }.get(verb, [])
 
 
