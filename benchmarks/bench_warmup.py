@@ -30,13 +30,12 @@ import numpy as np
 import pyarrow as pa
 import torch
 import torch._dynamo
-from torch import nn
 from torch.utils.data import DataLoader
 
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.plan.buckets import plan_buckets
-from tokenbucket.testing import RandomTokens
+from tokenbucket.testing import RandomTokens, ToyDenoiser, metadata_of_lengths
 from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
 from tokenbucket.train.warmup import compile_count, warm_up
 
@@ -47,37 +46,10 @@ COST = CostModel(ModelSpec(hidden=HIDDEN, layers=1, heads=4, precision="fp32", a
 Batch = dict[str, Any]
 
 
-class Toy(nn.Module):
-    """One pre-norm encoder layer and a denoising loss on the real tokens."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.TransformerEncoderLayer(HIDDEN, 4, 2 * HIDDEN, batch_first=True, norm_first=True, dropout=0.0)
-
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.layer(tokens, src_key_padding_mask=~mask & mask.any(dim=1, keepdim=True))
-        real = mask.unsqueeze(-1).to(out.dtype)
-        return (((out - tokens) ** 2) * real).sum() / real.sum().clamp(min=1)
-
-
-def metadata(lengths: np.ndarray) -> pa.Table:
-    n = len(lengths)
-    return pa.table(
-        {
-            "key": [f"s{i:05d}" for i in range(n)],
-            "cameras": [1] * n,
-            "frames": [1] * n,
-            "height": [14] * n,
-            "width": [14] * n,
-            "text_tokens": (lengths - 1).tolist(),
-        }
-    )
-
-
 def steps(dynamic: bool | None) -> tuple[Callable[[Batch], None], Callable[[Batch], None]]:
     """A fresh model's warm-up step (forward + backward) and train step (+ AdamW)."""
     torch.manual_seed(0)
-    model = Toy()
+    model = ToyDenoiser(HIDDEN)
     compiled = torch.compile(model, backend="aot_eager", dynamic=dynamic)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
@@ -142,7 +114,7 @@ def main() -> None:
     args = parser.parse_args()
 
     lengths = np.random.default_rng(0).integers(8, 400, args.samples)
-    table = metadata(lengths)
+    table = metadata_of_lengths(lengths)
     lengths = breakdown_table(table, SPEC).totals
     budget = args.budget_mib * 2**20
     plans = {

@@ -14,17 +14,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 import torch._dynamo
-from torch import nn
 from torch.utils.data import DataLoader
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.plan.buckets import plan_buckets
-from tokenbucket.testing import RandomTokens
+from tokenbucket.testing import RandomTokens, ToyDenoiser, metadata_of_lengths
 from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
 from tokenbucket.train.warmup import WarmupRecord, compile_count, warm_up, warmup_order
 
@@ -47,23 +45,8 @@ def fresh_dynamo() -> Iterator[None]:
     torch._dynamo.reset()
 
 
-def metadata(lengths: np.ndarray) -> pa.Table:
-    """Rows whose ``L_total`` under ``SPEC`` is exactly ``lengths`` (one 1-token frame + text)."""
-    n = len(lengths)
-    return pa.table(
-        {
-            "key": [f"s{i:03d}" for i in range(n)],
-            "cameras": [1] * n,
-            "frames": [1] * n,
-            "height": [14] * n,
-            "width": [14] * n,
-            "text_tokens": (np.asarray(lengths) - 1).tolist(),
-        }
-    )
-
-
 def setup(mode: str = "static") -> tuple[TokenBucketDataset, DataLoader[Batch]]:
-    table = metadata(LENGTHS)
+    table = metadata_of_lengths(LENGTHS)
     lengths = breakdown_table(table, SPEC).totals
     assert lengths.tolist() == LENGTHS.tolist()
     plan = plan_buckets(lengths, COST, BUDGET, max_buckets=3, multiple=32, on_oversize="reject", mode=mode)  # type: ignore[arg-type]
@@ -74,25 +57,11 @@ def setup(mode: str = "static") -> tuple[TokenBucketDataset, DataLoader[Batch]]:
     return data, loader
 
 
-class Toy(nn.Module):
-    """One pre-norm encoder layer and a denoising loss on the real tokens."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.TransformerEncoderLayer(HIDDEN, 4, 2 * HIDDEN, batch_first=True, norm_first=True, dropout=0.0)
-
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        # an empty row (a static batch's filler) masks no key: fully masked keys would make NaNs
-        out: torch.Tensor = self.layer(tokens, src_key_padding_mask=~mask & mask.any(dim=1, keepdim=True))
-        real = mask.unsqueeze(-1).to(out.dtype)
-        return (((out - tokens) ** 2) * real).sum() / real.sum().clamp(min=1)
-
-
 def compiled_step(update: bool = False) -> tuple[Callable[[Batch], float], Callable[[], int]]:
     """A fresh model's train step through ``torch.compile`` (forward + backward, the optimizer
     step when ``update``), and a function giving the shapes it has seen."""
     torch.manual_seed(0)
-    model = Toy()
+    model = ToyDenoiser(HIDDEN)
     compiled = torch.compile(model, backend="aot_eager", dynamic=False)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     shapes: set[tuple[int, ...]] = set()

@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 
 from tokenbucket._exceptions import ConfigError
 
-__all__ = ["MIXTURE_A", "RandomTokens", "mixture_a"]
+__all__ = ["MIXTURE_A", "RandomTokens", "ToyDenoiser", "metadata_of_lengths", "mixture_a"]
 
 # NOTE [ Mixture A ]
 # Per sample: cameras {1,2,3,4,6,8} (mostly 1-3), frames {1,...,32}, square 224/336/448 px at
@@ -70,6 +70,22 @@ def mixture_a(num_samples: int, *, seed: int = 0) -> pa.Table:
     )
 
 
+def metadata_of_lengths(lengths: Sequence[int] | np.ndarray) -> pa.Table:
+    """Metadata rows whose ``L_total`` under ``TokenSpec(patch=14)`` is exactly ``lengths``: one
+    camera, one 14x14 frame (1 token), and the rest as text tokens."""
+    n = len(lengths)
+    return pa.table(
+        {
+            "key": [f"s{i:06d}" for i in range(n)],
+            "cameras": [1] * n,
+            "frames": [1] * n,
+            "height": [14] * n,
+            "width": [14] * n,
+            "text_tokens": (np.asarray(lengths, dtype=np.int64) - 1).tolist(),
+        }
+    )
+
+
 class RandomTokens(Dataset[dict[str, torch.Tensor]]):
     """A map-style dataset whose sample ``i`` is ``{"tokens": [L_i, features]}`` of N(0, 1) values
     seeded by ``i``, ``L_i = lengths[i]``: real sequences of the lengths the metadata gives."""
@@ -83,3 +99,22 @@ class RandomTokens(Dataset[dict[str, torch.Tensor]]):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(int(i))
         return {"tokens": torch.randn(int(self.lengths[i]), self.features, generator=g)}
+
+
+class ToyDenoiser(torch.nn.Module):
+    """One pre-norm encoder layer of width ``hidden`` and a denoising loss on the real tokens: the
+    tiny model the warm-up tests and benchmark compile. ``forward(tokens, mask)`` returns the loss.
+
+    An empty row (a static batch's filler) masks no key, since fully masked keys would make NaNs.
+    """
+
+    def __init__(self, hidden: int, heads: int = 4) -> None:
+        super().__init__()
+        self.layer = torch.nn.TransformerEncoderLayer(
+            hidden, heads, 2 * hidden, batch_first=True, norm_first=True, dropout=0.0
+        )
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.layer(tokens, src_key_padding_mask=~mask & mask.any(dim=1, keepdim=True))
+        real = mask.unsqueeze(-1).to(out.dtype)
+        return (((out - tokens) ** 2) * real).sum() / real.sum().clamp(min=1)
