@@ -278,6 +278,13 @@ def test_cli_calibrate_plan_and_replan(tmp_path: Path, capsys: pytest.CaptureFix
     assert "from calibration" in out
     footer = json.loads(pq.read_metadata(tmp_path / "m2.parquet").metadata[b"tokenbucket"])
     assert footer["meta"]["calibration"]["step_time"]["fixed_seconds"] == cal.step_time.fixed_seconds
+    # a CPU run's calibration does not time an H100's steps
+    code, out, err = cli(
+        capsys, "plan", str(meta), "--patch", "112", *model_flags, "--gpu", "H100-SXM", "--on-oversize", "reject",
+        "--calibration", str(cal_path), "--out", str(tmp_path / "m3.parquet"),
+    )  # fmt: skip
+    assert code == 1 and "timed on no GPU (a CPU run)" in err and "H100-SXM" in err
+    assert not (tmp_path / "m3.parquet").exists()
     code, out, err = cli(capsys, "replan", str(manifest), "--from-log", str(log), "--json")
     assert code == 0, err
     diff = json.loads(out)

@@ -51,7 +51,7 @@ from tokenbucket.cli._staged import (
     staged_token_spec,
 )
 from tokenbucket.cli._tables import _plan_json, _print_plan
-from tokenbucket.cost.calibration import CalibratedCostModel, load_calibration
+from tokenbucket.cost.calibration import CalibratedCostModel, Calibration, load_calibration
 from tokenbucket.cost.gpus import GPU
 from tokenbucket.cost.measured import MeasuredCostModel, ProfiledCostModel, SteppedCostModel, read_profile
 from tokenbucket.cost.memory import CostModel
@@ -437,6 +437,7 @@ def run(args: argparse.Namespace) -> int:
                 cost, meta["profile"] = _staged_profiled(args.profile, cost, gpu)
         if args.calibration is not None:
             calibration = load_calibration(args.calibration)
+            _check_calibration_gpu(args.calibration, calibration, gpu)
             cost = CalibratedCostModel(cost, calibration)  # type: ignore[assignment]
             meta["calibration"] = {"file": str(args.calibration), "source": calibration.source,
                                    "step_time": calibration.step_time.to_dict()}  # fmt: skip
@@ -483,3 +484,15 @@ def run(args: argparse.Namespace) -> int:
             )
         print(f"manifest: {args.out} ({len(manifest):,} rows)")
     return 0
+
+
+def _check_calibration_gpu(path: Path, calibration: Calibration, gpu: GPU | None) -> None:
+    """A calibration's step times hold on the hardware its run was timed on, not on another."""
+    if "gpu" not in calibration.stats:  # fitted from a log that did not record it
+        return
+    ran, target = calibration.stats["gpu"], None if gpu is None else gpu.name
+    if ran != target:
+        raise ConfigError(
+            f"calibration {str(path)!r} was fitted on a run timed on {ran or 'no GPU (a CPU run)'}, but this plan "
+            f"is for {target or 'no GPU (--budget-gib alone)'}: calibrate from a run on the plan's GPU"
+        )

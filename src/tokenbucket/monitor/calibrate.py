@@ -84,7 +84,10 @@ def calibrate_log(path: str | Path) -> Calibration:
             f"run log {str(path)!r}: its steps carry no FLOPs; give the BucketMonitor a cost model "
             "(cost_model=...) so each step records its FLOPs"
         )
-    return calibrate_steps(steps, bounds=bounds, peak_flops=peak, prior_knee=prior, source=str(path))
+    cal = calibrate_steps(steps, bounds=bounds, peak_flops=peak, prior_knee=prior, source=str(path))
+    if "gpu" in start:  # what the run's steps were timed on; plan --calibration checks it
+        cal.stats["gpu"] = start["gpu"]
+    return cal
 
 
 def calibrate_steps(

@@ -9,7 +9,8 @@ drift of the plan, and OOM capture that loses no sample.
 
 Events (one dict each, to every sink; JSON-ready):
 
-* ``start``: ``budget_bytes``, ``risk_threshold``, ``drift_margin``, ``plan_mode``,
+* ``start``: ``budget_bytes``, ``risk_threshold``, ``drift_margin``, ``plan_mode``, ``gpu`` (the
+  cost model's GPU name, or ``None``),
   ``step_time`` (the cost model's :class:`~tokenbucket.cost.step_time.StepTime`, or ``None``), ``buckets``
   (``bucket``, ``bound``, ``batch_size``, ``predicted_peak_bytes`` each).
 * ``step``: ``step``, ``bucket``, ``rows``, ``length``, ``real_tokens``, ``padded_tokens``,
@@ -262,6 +263,7 @@ class BucketMonitor:
                 "risk_threshold": self.risk_threshold,
                 "drift_margin": self.drift_margin,
                 "plan_mode": plan.mode,
+                "gpu": getattr(getattr(cost_model, "gpu", None), "name", None),
                 "step_time": _step_time_dict(cost_model),
                 "buckets": [
                     {
