@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table, gpu_budget_bytes
-from tokenbucket.cost.step_time import FixedCost, StepTime
+from tokenbucket.cost.step_time import FixedCost
 from tokenbucket.testing import mixture_a
 
 NO_FIXED = FixedCost(0, 0, 0)
@@ -246,7 +246,7 @@ def score(lengths: np.ndarray, npz: Path, cost: CostModel, budget: int) -> dict[
     # time ]: a fixed cost per step, utilisation by tokens per step) and under the old flat one
     # (FLOPs at a flat 40 % of peak); summed per distinct shape
     unique, counts = np.unique(shapes, axis=0, return_counts=True)
-    flat_model = StepTime(peak_flops=cost.step_time.peak_flops, mfu=cost.step_time.mfu, knee_tokens=0, fixed_seconds=0)
+    flat_model = cost.step_time.flat()
     epoch = flat_epoch = 0.0
     for (b, n), c in zip(unique.tolist(), counts.tolist(), strict=True):
         epoch += c * cost.step_seconds(int(b), int(n))

@@ -43,9 +43,7 @@ def flat(cost: CostModel) -> CostModel:
     """The same model timed the old way: FLOPs at a flat ``mfu`` of peak, no fixed cost."""
     st = cost.step_time
     assert st is not None
-    return CostModel(
-        cost.model, cost.gpu, step_time=StepTime(peak_flops=st.peak_flops, mfu=st.mfu, knee_tokens=0, fixed_seconds=0)
-    )
+    return CostModel(cost.model, cost.gpu, step_time=st.flat())
 
 
 def epoch_hours(cost: CostModel, shapes: list[tuple[int, int, int]]) -> float:
@@ -110,7 +108,7 @@ def staged() -> None:
     cost = StagedLengthModel(StagedCostModel(StagedModel.preset("qwen2-vl-2b"), setup, gpu=gpu), vision_share=0.5)
     st = cost.step_time
     assert st is not None
-    old = CalibratedCostModel(cost, Calibration(dataclasses.replace(st, knee_tokens=0, fixed_seconds=0)))
+    old = CalibratedCostModel(cost, Calibration(st.flat()))
     lengths = breakdown_table(mixture_a(20_000, seed=0), TokenSpec(patch=14)).totals // 4  # merged 2x2
     uniq = np.unique(lengths)
     fits = np.array([cost.memory(1, int(n)).total <= budget for n in uniq])
@@ -176,7 +174,7 @@ def synthetic() -> None:
 
 def demo() -> None:
     from tokenbucket.cli.demo import train_under_monitor
-    from tokenbucket.monitor.calibrate import calibrate_log, compare, step_records
+    from tokenbucket.monitor.calibrate import calibrate_log, compare, plan_buckets_of, step_records
     from tokenbucket.monitor.report import read_events
 
     print(
@@ -193,7 +191,7 @@ def demo() -> None:
                 logs.append(train_under_monitor(mixture_a(2_000, seed=seed), out, samples=SAMPLES)["log"])
             cal = calibrate_log(logs[0])
             held_log = read_events(logs[1])
-            bounds = {int(b["bucket"]): int(b["bound"]) for b in held_log.of("start")[-1]["buckets"]}
+            bounds = {k: bound for k, bound, _ in plan_buckets_of(held_log)}
             held = compare(cal, step_records(held_log), bounds=bounds)
         st = cal.step_time
         fixed = st.fixed_seconds or 0.0

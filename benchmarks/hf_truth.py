@@ -40,7 +40,7 @@ import torch
 import transformers
 from transformers.initialization import no_init_weights
 
-from tokenbucket.cost.hf_profile import HF_CLASSES, apply_training, measure_step
+from tokenbucket.cost.hf_profile import HF_CLASSES, apply_training, measure_step, qwen_rope_positions
 from tokenbucket.cost.profile import default_dtype
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf_truth.json"
@@ -409,12 +409,7 @@ def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[st
             row += [config.vision_start_token_id] + [config.image_token_id] * per + [config.vision_end_token_id]
         ids[:, : len(row)] = torch.tensor(row)
         grid = torch.tensor([[1, gh, gw]] * (images * batch), dtype=torch.long)
-        mm = (ids == config.image_token_id).int()
-        model_cls = getattr(transformers, ARCHS[name][0].replace("ForConditionalGeneration", "Model"))
-        shell = model_cls.__new__(model_cls)  # get_rope_index reads only the config
-        torch.nn.Module.__init__(shell)
-        shell.config = config
-        pos, _ = shell.get_rope_index(ids, mm, grid, None, None)
+        pos = qwen_rope_positions(config.model_type, config, ids, config.image_token_id, grid)
         real.update(image_grid_thw=grid, position_ids=pos)
         fake["pixel_values"] = ((images * batch * gh * gw, 3 * 2 * 14 * 14), torch.bfloat16)
     elif images:

@@ -41,9 +41,7 @@ def flat(cost: CostModel) -> CostModel:
     """The old model: FLOPs at a flat share of peak, no fixed cost."""
     st = cost.step_time
     assert st is not None
-    return CostModel(
-        cost.model, cost.gpu, step_time=StepTime(peak_flops=st.peak_flops, mfu=st.mfu, knee_tokens=0, fixed_seconds=0)
-    )
+    return CostModel(cost.model, cost.gpu, step_time=st.flat())
 
 
 # -- the model -------------------------------------------------------------------------------------
@@ -301,6 +299,8 @@ def test_cli_calibrate_and_replan_errors_are_one_line(tmp_path: Path, capsys: py
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     bare.write_text("".join(json.dumps({k: v for k, v in e.items() if k not in ("flops", "predicted_s")}) + "\n"
                             for e in lines))  # fmt: skip
+    edited = tmp_path / "edited.jsonl"  # a hand-edited value: NOTE [ Event fields ] reads it, one line
+    edited.write_text("".join(json.dumps(dict(e, flops="many") if e["event"] == "step" else e) + "\n" for e in lines))
     mine = tmp_path / "mine.json"
     mine.write_text("keep me")
     other = tmp_path / "other.jsonl"  # a run of another plan
@@ -309,6 +309,7 @@ def test_cli_calibrate_and_replan_errors_are_one_line(tmp_path: Path, capsys: py
     for argv, words in (
         (("calibrate", str(tmp_path / "nope.jsonl")), "nope.jsonl"),
         (("calibrate", str(bare)), "carry no FLOPs"),
+        (("calibrate", str(edited)), "'flops' should be a finite number"),
         (("calibrate", str(log), "--out", str(mine)), "not a calibration"),
         (("replan", str(manifest), "--from-log", str(bare)), "carry no FLOPs"),
         (("replan", str(meta), "--from-log", str(log)), "meta.parquet"),

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokenbucket.monitor.calibrate import calibrate_log, compare, step_records
+from tokenbucket.monitor.calibrate import calibrate_log, compare, plan_buckets_of, step_records
 from tokenbucket.monitor.report import read_events
 
 __all__ = ["EXAMPLE", "add_arguments", "run"]
@@ -43,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
     held: dict[str, Any] | None = None
     if args.check is not None:
         log = read_events(args.check)
-        start = log.of("start")
-        bounds = {int(b["bucket"]): int(b["bound"]) for b in start[-1].get("buckets", [])} if start else {}
+        bounds = {k: bound for k, bound, _ in plan_buckets_of(log)}
         held = compare(cal, step_records(log), bounds=bounds)
     if args.out is not None:
         cal.save(args.out)

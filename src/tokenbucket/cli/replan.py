@@ -23,7 +23,7 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.cli._common import unit_fraction
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.model import ModelSpec
-from tokenbucket.monitor.calibrate import calibrate_log, measured_peaks, replan, step_records
+from tokenbucket.monitor.calibrate import calibrate_log, measured_peaks, plan_buckets_of, replan, step_records
 from tokenbucket.monitor.report import read_events
 from tokenbucket.plan.manifest import load_manifest
 
@@ -68,15 +68,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{where}: its model: {exc}") from None
     cost = CostModel(model, recorded.get("gpu"))
     log = read_events(args.from_log)
-    starts = log.of("start")
-    ran = [(int(b["bound"]), int(b["batch_size"])) for b in starts[-1].get("buckets", [])] if starts else []
+    ran = [(bound, batch) for _, bound, batch in plan_buckets_of(log)]
     planned = [(b.bound, b.batch_size) for b in manifest.plan.buckets]
     if ran != planned:
         raise ConfigError(
             f"run log {str(args.from_log)!r} is not a run of {where}'s plan: its buckets (bound, batch size) "
             f"{ran[:3]}... differ from the manifest's {planned[:3]}..."
         )
-    cal = calibrate_log(args.from_log)
+    cal = calibrate_log(log)
     table = manifest.table
     buckets = table.column("bucket").to_numpy()
     lengths = np.asarray(table.column("total").to_numpy(zero_copy_only=False)[buckets >= 0], dtype=np.int64)

@@ -454,6 +454,21 @@ def with_markers(cfg: HFConfig, sample: Sample) -> Sample:
     return sample
 
 
+def qwen_rope_positions(
+    model_type: str, config: object, ids: torch.Tensor, image_token: int, grid: torch.Tensor
+) -> torch.Tensor:
+    """Qwen2-VL's / Qwen2.5-VL's 3-D rope positions of ``ids`` (images marked by ``image_token``,
+    of ``grid`` patches each), from transformers' own ``get_rope_index`` on a model shell that
+    holds only the config (no weights)."""
+    mm = torch.eq(ids, image_token).int()
+    model_cls = getattr(transformers, HF_CLASSES[model_type][0].replace("ForConditionalGeneration", "Model"))
+    shell = model_cls.__new__(model_cls)  # get_rope_index reads only the config
+    torch.nn.Module.__init__(shell)
+    shell.config = config
+    positions: torch.Tensor = shell.get_rope_index(ids, mm, grid, None, None)[0]
+    return positions
+
+
 def hf_inputs(cfg: HFConfig, config: Any, sample: Sample, batch: int) -> tuple[dict[str, Any], InputSpecs]:
     """The inputs a processor makes for ``batch`` samples shaped like ``sample`` (real, fake)."""
     mt = cfg.model_type
@@ -479,13 +494,7 @@ def hf_inputs(cfg: HFConfig, config: Any, sample: Sample, batch: int) -> tuple[d
                 row += [config.vision_start_token_id] + [token] * vi.llm_tokens + [config.vision_end_token_id]
             ids[:, : len(row)] = torch.tensor(row)
             grid = torch.tensor([[1, gh, gw]] * (images * batch), dtype=torch.long)
-            mm = torch.eq(ids, token).int()
-            model_cls = getattr(transformers, HF_CLASSES[mt][0].replace("ForConditionalGeneration", "Model"))
-            shell = model_cls.__new__(model_cls)  # get_rope_index reads only the config
-            torch.nn.Module.__init__(shell)
-            shell.config = config
-            pos, _ = shell.get_rope_index(ids, mm, grid, None, None)
-            real.update(image_grid_thw=grid, position_ids=pos)
+            real.update(image_grid_thw=grid, position_ids=qwen_rope_positions(mt, config, ids, token, grid))
             temporal = int(cfg.vision_int("temporal_patch_size"))
             fake["pixel_values"] = ((images * batch * gh * gw, 3 * temporal * cfg.vision_int("patch_size") ** 2),
                                     torch.bfloat16)  # fmt: skip

@@ -152,6 +152,8 @@ class StagedLengthModel:
         self.image_tokens = cost.vision_inputs(Sample(images=1, height=h, width=w)).llm_tokens if self.image else 0
         self._memo: dict[tuple[int, int], StagedLengthEstimate] = {}
         self._fixed: FixedCost | None = None
+        # the GPU's step-time defaults at bf16 (NOTE [ Step-time defaults ]); None without a GPU
+        self.step_time: StepTime | None = StepTime.for_gpu(cost.gpu) if cost.gpu is not None else None
 
     def __repr__(self) -> str:
         return f"StagedLengthModel({self.cost!r}, vision_share={self.vision_share}, image={self.image})"
@@ -221,11 +223,6 @@ class StagedLengthModel:
             forward=forward, attention=attention, attention_per_layer=per_layer, training=int(training),
             training_attention=training_attention,
         )  # fmt: skip
-
-    @property
-    def step_time(self) -> StepTime | None:
-        """The GPU's step-time defaults at bf16 (NOTE [ Step-time defaults ]); ``None`` without a GPU."""
-        return StepTime.for_gpu(self.cost.gpu) if self.cost.gpu is not None else None
 
     def fixed_cost(self) -> FixedCost:
         """What every step pays on one rank whatever its tokens (NOTE [ Step time ]): the optimizer

@@ -42,7 +42,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.gpus import GPU
@@ -142,6 +142,11 @@ class StepTime:
             link=gpu.link_gbs * 1e9,
             source=f"{gpu.name}: " + ("--mfu as given" if mfu is not None else gpu.mfu_source),
         )
+
+    def flat(self) -> StepTime:
+        """The same peak and ``mfu`` with no fixed cost and no knee: step time proportional to
+        FLOPs, as tokenbucket timed steps before NOTE [ Step time ] (for comparisons)."""
+        return replace(self, knee_tokens=0.0, fixed_seconds=0.0, source=f"{self.source} (flat)")
 
     def utilisation(self, tokens: float) -> float:
         """``u(T)``: the share of ``peak_flops`` a step of ``tokens`` padded tokens reaches."""

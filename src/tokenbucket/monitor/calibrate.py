@@ -35,7 +35,16 @@ from tokenbucket.plan._search import SupportsCost
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.plan.buckets import plan_buckets
 
-__all__ = ["StepRecord", "calibrate_log", "calibrate_steps", "compare", "measured_peaks", "replan", "step_records"]
+__all__ = [
+    "StepRecord",
+    "calibrate_log",
+    "calibrate_steps",
+    "compare",
+    "measured_peaks",
+    "plan_buckets_of",
+    "replan",
+    "step_records",
+]
 
 
 @dataclass(frozen=True)
@@ -53,8 +62,33 @@ class StepRecord:
 
 
 def step_records(log: RunLog) -> list[StepRecord]:
-    """The log's steps, in order."""
-    return [_record(e) for e in log.of("step")]
+    """The log's steps, in order; a step without its shape (``rows``, ``length``) is a one-line
+    ConfigError naming the file."""
+    steps = log.of("step")
+    for e in steps:
+        if e.get("rows") is None or e.get("length") is None:
+            raise ConfigError(
+                f"run log {str(log.path)!r}: step {e['step']} has no rows or length (its shape), which calibration needs"
+            )
+    return [_record(e) for e in steps]
+
+
+def plan_buckets_of(log: RunLog) -> list[tuple[int, int, int]]:
+    """``(bucket, bound, batch_size)`` of the plan the run's last ``start`` event records; a
+    missing or malformed start is a one-line ConfigError naming the file."""
+    starts = log.of("start")
+    where = f"run log {str(log.path)!r}"
+    if not starts:
+        raise ConfigError(f"{where} has no start event; is it a tokenbucket monitor log?")
+    buckets = starts[-1].get("buckets")
+    out: list[tuple[int, int, int]] = []
+    for i, b in enumerate(buckets if isinstance(buckets, list) else [None]):
+        values = [b.get(k) for k in ("bucket", "bound", "batch_size")] if isinstance(b, dict) else []
+        ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+        if len(ints) != 3:
+            raise ConfigError(f"{where}: the start event's buckets[{i}] should hold bucket, bound and batch_size")
+        out.append((ints[0], ints[1], ints[2]))
+    return out
 
 
 def _record(e: Mapping[str, Any]) -> StepRecord:
@@ -64,18 +98,16 @@ def _record(e: Mapping[str, Any]) -> StepRecord:
     )  # fmt: skip
 
 
-def calibrate_log(path: str | Path) -> Calibration:
-    """Read a monitor log and fit it (:func:`calibrate_steps`); the file's problems are one-line
-    ConfigErrors naming it."""
-    log = read_events(path)
-    starts = log.of("start")
-    if not starts:
-        raise ConfigError(f"run log {str(path)!r} has no start event; is it a tokenbucket monitor log?")
-    start = starts[-1]
-    bounds = {int(b["bucket"]): int(b["bound"]) for b in start.get("buckets", [])}
+def calibrate_log(path: str | Path | RunLog) -> Calibration:
+    """Read a monitor log (or take one already read) and fit it (:func:`calibrate_steps`); the
+    file's problems are one-line ConfigErrors naming it."""
+    log = path if isinstance(path, RunLog) else read_events(path)
+    path = log.path
+    bounds = {k: bound for k, bound, _ in plan_buckets_of(log)}
+    start = log.of("start")[-1]
     step_time = start.get("step_time")
-    peak = step_time.get("peak_flops") if isinstance(step_time, dict) else None
-    prior = float(step_time.get("knee_tokens") or 0.0) if isinstance(step_time, dict) else 0.0
+    peak = _positive(step_time, "peak_flops")  # a hand-edited value that is no number reads as absent
+    prior = _positive(step_time, "knee_tokens") or 0.0
     steps = step_records(log)
     if not steps:
         raise ConfigError(f"run log {str(path)!r} has no step events to calibrate from")
@@ -88,6 +120,13 @@ def calibrate_log(path: str | Path) -> Calibration:
     if "gpu" in start:  # what the run's steps were timed on; plan --calibration checks it
         cal.stats["gpu"] = start["gpu"]
     return cal
+
+
+def _positive(data: object, key: str) -> float | None:
+    value = data.get(key) if isinstance(data, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        return None
+    return float(value)
 
 
 def calibrate_steps(

@@ -17,8 +17,9 @@ __all__ = ["EVENT_FIELDS", "RunStats", "event_problem", "format_summary", "summa
 # A required field is one the monitor always writes a value for; an optional one may be absent or
 # null, and absent reads as null: ``measured_bytes`` and ``reserved_bytes`` are null in every run
 # without a memory reader (CPU), the oom ``step`` and the start ``risk_threshold`` only place
-# lines on the risk plot. Fields not listed (``time``, ``rows``, ``tokens_per_s``, ...) are not
-# read. ``count``: an integer >= 0; ``amount``: a finite number >= 0; both below 2**63.
+# lines on the risk plot; ``rows``, ``length``, ``flops`` and ``predicted_s`` are what
+# ``tokenbucket calibrate`` reads (NOTE [ Calibration fit ]). Fields not listed (``time``,
+# ``tokens_per_s``, ...) are not read. ``count``: an integer >= 0; ``amount``: a finite number >= 0; both below 2**63.
 EVENT_FIELDS: dict[str, tuple[tuple[str, str, bool], ...]] = {
     "step": (
         ("step", "count", True),
@@ -30,6 +31,11 @@ EVENT_FIELDS: dict[str, tuple[tuple[str, str, bool], ...]] = {
         ("risk", "amount", True),
         ("measured_bytes", "amount", False),
         ("reserved_bytes", "amount", False),
+        ("rows", "count", False),
+        ("length", "count", False),
+        ("flops", "amount", False),
+        ("predicted_s", "amount", False),
+        ("compiles", "count", False),
     ),
     "risk": (("bucket", "count", True),),
     "oom": (("bucket", "count", True), ("step", "count", False)),

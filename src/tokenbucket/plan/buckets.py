@@ -102,8 +102,8 @@ def plan_buckets(
     Args:
         lengths: every sample's ``L_total`` (or their :class:`LengthHistogram`; dynamic mode
             needs the lengths themselves to simulate its batches).
-        cost_model: a :class:`~tokenbucket.cost.memory.CostModel` (with a GPU, times are seconds;
-            without, FLOPs at 1 PFLOP/s).
+        cost_model: a :class:`~tokenbucket.cost.memory.CostModel` (with a GPU or a calibrated step
+            time, times are seconds, NOTE [ Step time ]; without, FLOPs at 1 PFLOP/s).
         budget_bytes: the memory every batch must fit.
         max_buckets: at most this many buckets (static mode: this many shapes).
         mode: ``static``, ``dynamic`` (see the module docstring) or ``packed``
