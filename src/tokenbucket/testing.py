@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 
 from tokenbucket._exceptions import ConfigError
 
-__all__ = ["MIXTURE_A", "RandomTokens", "ToyDenoiser", "metadata_of_lengths", "mixture_a"]
+__all__ = ["MIXTURE_A", "MIXTURE_TV", "MIXTURE_TV_VLA_SHARE", "RandomTokens", "ToyDenoiser", "metadata_of_lengths", "mixture_a", "mixture_tv"]
 
 # NOTE [ Mixture A ]
 # Per sample: cameras {1,2,3,4,6,8} (mostly 1-3), frames {1,...,32}, square 224/336/448 px at
@@ -66,6 +66,59 @@ def mixture_a(num_samples: int, *, seed: int = 0) -> pa.Table:
             "proprio_tokens": proprio,
             "action_tokens": action,
             "memory_tokens": memory,
+        }
+    )
+
+
+# NOTE [ Mixture TV ]
+# Text and vision, for 2D buckets (NOTE [ Two-dimensional buckets ]): a VLA share of 1-3 cameras
+# x 1-4 frames at 224-960 px (square) with a short instruction (lognormal, mean ~40 tokens), and
+# a text share with long instructions or dialogue (lognormal, mean ~1,500 tokens, up to 12,000),
+# a fifth of them with one 224-448 px image. Under Qwen2-VL's processor (patch 14, merge 2,
+# max_pixels) a 960 px frame is 1,156 tokens, so the same L_total can be all text or all image.
+MIXTURE_TV_VLA_SHARE = 0.55
+MIXTURE_TV: dict[str, tuple[tuple[int, ...], tuple[float, ...]]] = {
+    "cameras": ((1, 2, 3), (0.45, 0.35, 0.20)),
+    "frames": ((1, 2, 4), (0.50, 0.25, 0.25)),
+    "side": ((224, 320, 448, 640, 960), (0.30, 0.25, 0.20, 0.15, 0.10)),
+    "text_side": ((224, 336, 448), (0.5, 0.3, 0.2)),
+}
+
+
+def mixture_tv(num_samples: int, *, seed: int = 0) -> pa.Table:
+    """``num_samples`` rows of mixture TV metadata (NOTE [ Mixture TV ]): ``key``, ``cameras``,
+    ``frames``, ``height``, ``width``, ``text_tokens``; a text-only row has 0 cameras.
+
+    Example:
+        >>> t = mixture_tv(1000, seed=1)
+        >>> 0 < int((t.column("cameras").to_numpy() == 0).sum()) < 1000
+        True
+    """
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
+        raise ConfigError(f"num_samples should be a non-negative integer, but got num_samples={num_samples!r}")
+    rng = np.random.default_rng(seed)
+    mix = MIXTURE_TV
+
+    def pick(name: str) -> np.ndarray:
+        values, probs = mix[name]
+        return rng.choice(np.asarray(values, dtype=np.int64), size=num_samples, p=probs)
+
+    vla = rng.random(num_samples) < MIXTURE_TV_VLA_SHARE
+    one_image = ~vla & (rng.random(num_samples) < 0.2)
+    cameras = np.where(vla, pick("cameras"), one_image.astype(np.int64))
+    frames = np.where(vla, pick("frames"), 1)
+    side = np.where(vla, pick("side"), pick("text_side"))
+    short = np.rint(rng.lognormal(np.log(40) - 0.18, 0.6, num_samples))
+    long = np.rint(rng.lognormal(np.log(1500) - 0.40, 0.9, num_samples))
+    text = np.clip(np.where(vla, short, long), 1, 12_000).astype(np.int64)
+    return pa.table(
+        {
+            "key": [f"tv{seed}-{i:08d}" for i in range(num_samples)],
+            "cameras": cameras.astype(np.int64),
+            "frames": frames.astype(np.int64),
+            "height": side.astype(np.int64),
+            "width": side.astype(np.int64),
+            "text_tokens": text,
         }
     )
 

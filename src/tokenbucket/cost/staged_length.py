@@ -150,7 +150,7 @@ class StagedLengthModel:
         self.image = image if image is not None else default_image(cost)
         h, w = self.image or (0, 0)
         self.image_tokens = cost.vision_inputs(Sample(images=1, height=h, width=w)).llm_tokens if self.image else 0
-        self._memo: dict[tuple[int, int], StagedLengthEstimate] = {}
+        self._memo: dict[tuple[int, int, int | None], StagedLengthEstimate] = {}
         self._fixed: FixedCost | None = None
         # the GPU's step-time defaults at bf16 (NOTE [ Step-time defaults ]); None without a GPU
         self.step_time: StepTime | None = StepTime.for_gpu(cost.gpu) if cost.gpu is not None else None
@@ -162,12 +162,20 @@ class StagedLengthModel:
     def gpu(self) -> GPU | None:
         return self.cost.gpu
 
-    def sample(self, length: int) -> Sample:
-        """The worst sample of ``length`` LLM tokens (NOTE [ The worst sample of a length ])."""
+    def sample(self, length: int, vision: int | None = None) -> Sample:
+        """The worst sample of ``length`` LLM tokens (NOTE [ The worst sample of a length ]): with
+        ``vision``, the worst of those with at most ``vision`` image tokens (a 2D bucket's
+        bounds, NOTE [ Two-dimensional buckets ]); without, at most ``vision_share`` of them."""
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
             raise ConfigError(f"length should be a positive integer, but got length={length!r}")
-        # the relative nudge keeps a share measured as v/L from flooring to v - 1 at L
-        vision = min(length, math.floor(self.vision_share * length * (1 + 1e-12)))
+        if vision is None:
+            # the relative nudge keeps a share measured as v/L from flooring to v - 1 at L
+            vision = min(length, math.floor(self.vision_share * length * (1 + 1e-12)))
+        elif isinstance(vision, bool) or not isinstance(vision, int) or vision < 0:
+            raise ConfigError(f"vision should be a non-negative integer, but got vision={vision!r}")
+        elif vision and not self.image_tokens:
+            raise ConfigError(f"vision={vision} needs a vision tower, but {self.cost.model.name!r} has none")
+        vision = min(vision, length)
         t = self.image_tokens
         if not t or not vision or self.image is None:
             return Sample(text_tokens=length)
@@ -177,22 +185,23 @@ class StagedLengthModel:
         h, w = self.image
         return Sample(images=images, height=h, width=w, text_tokens=max(0, length - images * t))
 
-    def memory(self, batch: int, length: int) -> StagedLengthEstimate:
-        """The predicted peak per rank of ``batch`` worst samples of ``length`` tokens."""
-        key = (batch, length)
+    def memory(self, batch: int, length: int, vision: int | None = None) -> StagedLengthEstimate:
+        """The predicted peak per rank of ``batch`` worst samples of ``length`` tokens (at most
+        ``vision`` of them image tokens, when given)."""
+        key = (batch, length, vision)
         if key not in self._memo:
-            sample = self.sample(length)
+            sample = self.sample(length, vision)
             est = self.cost.memory(batch, sample)
             self._memo[key] = StagedLengthEstimate(est.peak_bytes, est.phase, sample, est)
         return self._memo[key]
 
-    def max_batch(self, length: int, budget_bytes: int) -> int:
+    def max_batch(self, length: int, budget_bytes: int, vision: int | None = None) -> int:
         """The largest batch of worst samples of ``length`` that fits ``budget_bytes`` (0 if none)."""
-        return self.cost.max_batch(self.sample(length), budget_bytes)
+        return self.cost.max_batch(self.sample(length, vision), budget_bytes)
 
-    def flops(self, batch: int, length: int) -> FlopsEstimate:
+    def flops(self, batch: int, length: int, vision: int | None = None) -> FlopsEstimate:
         """Training FLOPs of one step on one rank (NOTE [ Staged FLOPs ])."""
-        sample = self.sample(length)
+        sample = self.sample(length, vision)
         model, setup = self.cost.model, self.cost.setup
         vi = self.cost.vision_inputs(sample)
         seq = vi.llm_tokens * sample.images + sample.text_tokens
@@ -242,17 +251,17 @@ class StagedLengthModel:
                                 KERNELS_PER_BLOCK * len(units))  # fmt: skip
         return self._fixed
 
-    def step_time_parts(self, batch: int, length: int) -> StepSeconds:
+    def step_time_parts(self, batch: int, length: int, vision: int | None = None) -> StepSeconds:
         """Predicted seconds of one step on one rank, itemised (NOTE [ Step time ])."""
         st = self.step_time
         if st is None:
             raise ConfigError("step_seconds needs a GPU: StagedCostModel(model, setup, gpu='H100-SXM')")
-        return st.seconds(self.flops(batch, length).training, batch * length, fixed=self.fixed_cost())
+        return st.seconds(self.flops(batch, length, vision).training, batch * length, fixed=self.fixed_cost())
 
-    def step_seconds(self, batch: int, length: int) -> float:
+    def step_seconds(self, batch: int, length: int, vision: int | None = None) -> float:
         """Predicted seconds of one step on one rank: fixed costs plus FLOPs at the utilisation of
         its tokens (NOTE [ Step time ])."""
-        return self.step_time_parts(batch, length).total
+        return self.step_time_parts(batch, length, vision).total
 
 
 # NOTE [ Staged FLOPs ]

@@ -107,6 +107,10 @@ class Bucket:
     ``predicted_peak_bytes`` is at ``(batch_size, bound)``; ``fill`` is that over the budget;
     ``padding_efficiency`` is real tokens over the tokens the batches carry (static: every
     batch at ``(batch_size, bound)``; dynamic: each batch at its own longest sample).
+
+    A two-dimensional plan's bucket also bounds the sample's image tokens: it holds the samples
+    with ``L_total <= bound`` and ``vision <= vision_bound`` that no earlier bucket holds
+    (NOTE [ Two-dimensional buckets ]); ``vision_bound`` is ``None`` in a 1D plan.
     """
 
     bound: int
@@ -119,6 +123,7 @@ class Bucket:
     fill: float
     padding_efficiency: float
     step_seconds: float
+    vision_bound: int | None = None
 
     @property
     def seconds(self) -> float:
@@ -153,11 +158,42 @@ class BucketPlan:
     def batch_sizes(self) -> np.ndarray:
         return np.array([b.batch_size for b in self.buckets], dtype=np.int64)
 
-    def assign(self, lengths: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Bucket index of each length (the first bound ≥ it), ``-1`` above the last bound."""
+    @property
+    def two_d(self) -> bool:
+        """Whether the buckets also bound each sample's image tokens (NOTE [ Two-dimensional buckets ])."""
+        return any(b.vision_bound is not None for b in self.buckets)
+
+    @property
+    def vision_bounds(self) -> np.ndarray | None:
+        """Each bucket's bound on image tokens (a 2D plan), else ``None``."""
+        if not self.two_d:
+            return None
+        return np.array([b.vision_bound for b in self.buckets], dtype=np.int64)
+
+    def assign(
+        self, lengths: Sequence[int] | np.ndarray, vision: Sequence[int] | np.ndarray | None = None
+    ) -> np.ndarray:
+        """Bucket index of each length (the first bound ≥ it), ``-1`` above the last bound.
+
+        A 2D plan needs every sample's image tokens too: a sample goes to the first bucket whose
+        both bounds hold it (NOTE [ Two-dimensional buckets ]), ``-1`` when none does.
+        """
         arr = np.asarray(lengths, dtype=np.int64)
-        idx = np.searchsorted(self.bounds, arr, side="left")
-        return np.where(idx < len(self.buckets), idx, -1).astype(np.int64)
+        vb = self.vision_bounds
+        if vb is None:
+            idx = np.searchsorted(self.bounds, arr, side="left")
+            return np.where(idx < len(self.buckets), idx, -1).astype(np.int64)
+        if vision is None:
+            raise ConfigError("a 2D plan assigns buckets by length and image tokens: pass vision= as well")
+        vis = np.asarray(vision, dtype=np.int64)
+        if vis.shape != arr.shape:
+            raise ConfigError(
+                f"lengths and vision should have one value per sample, but got {arr.shape} and {vis.shape}"
+            )
+        out = np.full(arr.shape, -1, dtype=np.int64)
+        for k, (u, v) in enumerate(zip(self.bounds.tolist(), vb.tolist(), strict=True)):
+            out[(out < 0) & (arr <= u) & (vis <= v)] = k
+        return out
 
     def summary(self) -> dict[str, Any]:
         tokens = sum(b.tokens for b in self.buckets)
@@ -180,7 +216,10 @@ class BucketPlan:
             "format": self.format,
             "mode": self.mode,
             "budget_bytes": self.budget_bytes,
-            "buckets": [asdict(b) for b in self.buckets],
+            # a 1D bucket writes no vision_bound: its JSON (and every hash over it) is as before
+            "buckets": [
+                {k: v for k, v in asdict(b).items() if k != "vision_bound" or v is not None} for b in self.buckets
+            ],
             "oversize": dict(self.oversize),
             "meta": dict(self.meta),
         }
