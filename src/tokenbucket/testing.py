@@ -15,7 +15,16 @@ from torch.utils.data import Dataset
 
 from tokenbucket._exceptions import ConfigError
 
-__all__ = ["MIXTURE_A", "MIXTURE_TV", "MIXTURE_TV_VLA_SHARE", "RandomTokens", "ToyDenoiser", "metadata_of_lengths", "mixture_a", "mixture_tv"]
+__all__ = [
+    "MIXTURE_A",
+    "MIXTURE_TV",
+    "MIXTURE_TV_VLA_SHARE",
+    "RandomTokens",
+    "ToyDenoiser",
+    "metadata_of_lengths",
+    "mixture_a",
+    "mixture_tv",
+]
 
 # NOTE [ Mixture A ]
 # Per sample: cameras {1,2,3,4,6,8} (mostly 1-3), frames {1,...,32}, square 224/336/448 px at

@@ -460,18 +460,25 @@ def manifest_part(
     result = breakdown_table(table, spec, on_invalid=on_invalid, min_total=min_total, row_offset=offset)  # type: ignore[arg-type]
     good = result.table
     idx = good.column("index").to_numpy() + offset
-    bucket = plan.assign(good.column("total").to_numpy()).astype(np.int32)
+    vision = good.column("vision").to_numpy() if plan.two_d else None  # NOTE [ Two-dimensional buckets ]
+    bucket = plan.assign(good.column("total").to_numpy(), vision).astype(np.int32)
     reason = pa.nulls(good.num_rows, pa.string())
     over = bucket < 0
     if over.any():
         first = int(np.flatnonzero(over)[0])
+        if vision is not None:
+            what = f"{int(good.column('total')[first].as_py()):,} tokens ({int(vision[first]):,} of them image tokens)"
+            where = "no bucket of the 2D plan holds both"
+            text = pa.scalar("oversize: no bucket of the 2D plan holds its tokens and image tokens")
+        else:
+            what = f"{int(good.column('total')[first].as_py()):,} tokens"
+            where = f"above the plan's last bound {int(bounds[-1]):,}"
+            text = pa.scalar(f"oversize: longer than the last bound {int(bounds[-1])}")
         if on_oversize == "error":
             key = good.column("key")[first].as_py()
             raise ConfigError(
-                f"row {int(idx[first])} (key {key!r}) has {int(good.column('total')[first].as_py()):,} tokens, "
-                f"above the plan's last bound {int(bounds[-1]):,}; pass on_oversize='reject' or replan"
+                f"row {int(idx[first])} (key {key!r}) has {what}, {where}; pass on_oversize='reject' or replan"
             )
-        text = pa.scalar(f"oversize: longer than the last bound {int(bounds[-1])}")
         reason = pc.if_else(pa.array(over), text, pa.scalar(None, pa.string()))
     part = good.set_column(good.schema.get_field_index("index"), "index", pa.array(idx))
     part = part.append_column("bucket", pa.array(bucket)).append_column("reason", reason)

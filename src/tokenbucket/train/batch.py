@@ -116,6 +116,7 @@ class BatchInfo:
     row_tokens: tuple[tuple[int, ...], ...] = ()
     cameras: dict[str, int] | None = None
     position: tuple[int, int] | None = None  # (epoch, step) of the sampler after this batch
+    vision_bound: int | None = None  # a 2D static bucket's image-token bound (NOTE [ Two-dimensional buckets ])
 
     def __setattr__(self, name: str, value: object) -> None:
         # NOTE [ BatchInfo through the trainers ]: setting a field to an equal value is a no-op
@@ -160,6 +161,7 @@ class BatchInfo:
             row_tokens=tuple(self.row_tokens[r] for r in rows),
             cameras=None,
             position=self.position,
+            vision_bound=self.vision_bound,
         )
 
 

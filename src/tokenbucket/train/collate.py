@@ -153,7 +153,9 @@ class TokenBucketDataset(Dataset[Any]):
             self.plan = plan
             self.plan_id = plan_id_of(plan.to_json())
             self.breakdowns = result.table
-            self.buckets = plan.assign(result.totals)
+            # a 2D plan bounds the image tokens too (NOTE [ Two-dimensional buckets ])
+            vision = result.table.column("vision").to_numpy() if plan.two_d else None
+            self.buckets = plan.assign(result.totals, vision)
         self.lengths = self.breakdowns.column("total").fill_null(0).to_numpy()
         # per-modality counts as arrays, once: the collate sums them for every batch
         self.modality_tokens = {name: self.breakdowns.column(name).fill_null(0).to_numpy() for name in MODALITY_COLUMNS}

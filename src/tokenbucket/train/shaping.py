@@ -118,6 +118,8 @@ class BatchShape:
         info = data.batch_info(indices, bucket=bucket, shape=(rows, length), predicted_peak_bytes=peak)
         if position is not None:
             info = dataclasses.replace(info, position=position)
+        if data.plan.mode == "static" and data.plan.buckets[bucket].vision_bound is not None:
+            info = dataclasses.replace(info, vision_bound=data.plan.buckets[bucket].vision_bound)
         if info.risk > self.risk_threshold:  # NOTE [ Risk before the GPU ]
             # per-camera counts need each sample's metadata: only for the rare flagged batch
             info = dataclasses.replace(info, cameras=data.camera_tokens(indices))
