@@ -23,14 +23,32 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, StateError, TokenSpec, breakdown_table, gpu_budget_bytes
+from tokenbucket.cost.hf_model import StagedModel
+from tokenbucket.cost.staged import StagedCostModel
+from tokenbucket.cost.staged_length import StagedLengthModel
 from tokenbucket.plan.buckets import plan_buckets
-from tokenbucket.testing import mixture_a
+from tokenbucket.plan.buckets_2d import plan_buckets_2d
+from tokenbucket.testing import mixture_a, mixture_tv
+from tokenbucket.tokens.hf import token_spec_from_hf
 from tokenbucket.train.sampler import BucketBatchSampler, epoch_steps, plan_id_of
 
 PLAN_ID = plan_id_of("test")
 
 
-def mixture_buckets(n: int = 3000) -> tuple[np.ndarray, list[int]]:
+def mixture_buckets(n: int = 3000, dims: int = 1) -> tuple[np.ndarray, list[int]]:
+    """Buckets of a planned workload: 1D (mixture A, a block model) or 2D (mixture TV, Qwen2-VL-2B's
+    staged model, buckets bounding length and image tokens: NOTE [ Two-dimensional buckets ])."""
+    if dims == 2:
+        staged = StagedCostModel(StagedModel.preset("qwen2-vl-2b"), gpu="H100-SXM")
+        assert staged.config is not None
+        result = breakdown_table(mixture_tv(n, seed=11), token_spec_from_hf(staged.config))
+        vision = result.table.column("vision").to_numpy()
+        plan = plan_buckets_2d(
+            result.totals, vision, StagedLengthModel(staged), gpu_budget_bytes("H100-SXM"), max_buckets=12,
+            on_oversize="reject",
+        )  # fmt: skip
+        assert plan.two_d and len({b.bound for b in plan.buckets}) < len(plan.buckets)  # some band has 2+ levels
+        return plan.assign(result.totals, vision), plan.batch_sizes.tolist()
     lengths = breakdown_table(mixture_a(n, seed=11), TokenSpec(patch=14)).totals
     cost = CostModel(ModelSpec.preset("design-24L-1024"), "H100-SXM")
     plan = plan_buckets(lengths, cost, gpu_budget_bytes("H100-SXM"), max_buckets=12, on_oversize="reject")
@@ -56,8 +74,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _ddp_worker(rank: int, world: int, port: int, out: str, drop_last: bool, sync: bool, before: bool) -> None:
-    buckets, sizes = mixture_buckets()
+def _ddp_worker(
+    rank: int, world: int, port: int, out: str, drop_last: bool, sync: bool, before: bool, dims: int
+) -> None:
+    buckets, sizes = mixture_buckets(dims=dims)
 
     def build() -> BucketBatchSampler:
         return BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID, seed=3, drop_last=drop_last, sync_buckets=sync)
@@ -85,28 +105,32 @@ def _ddp_worker(rank: int, world: int, port: int, out: str, drop_last: bool, syn
 # world sizes 1-4 with the defaults; drop_last and unsynchronised buckets at 2 and 3 ranks (CI time);
 # a sampler built before the process group at 2 and 3 ranks
 @pytest.mark.parametrize(
-    ("world", "drop_last", "sync", "before"),
+    ("world", "drop_last", "sync", "before", "dims"),
     [
-        (1, False, True, False),
-        (2, False, True, False),
-        (3, False, True, False),
-        (4, False, True, False),
-        (2, True, True, False),
-        (3, True, True, False),
-        (2, False, False, False),
-        (3, False, False, False),
-        (2, False, True, True),  # the sampler built before init_process_group (NOTE [ Rank at iteration ])
-        (3, True, True, True),
+        (1, False, True, False, 1),
+        (2, False, True, False, 1),
+        (3, False, True, False, 1),
+        (4, False, True, False, 1),
+        (2, True, True, False, 1),
+        (3, True, True, False, 1),
+        (2, False, False, False, 1),
+        (3, False, False, False, 1),
+        (2, False, True, True, 1),  # the sampler built before init_process_group (NOTE [ Rank at iteration ])
+        (3, True, True, True, 1),
+        # 2D plans (NOTE [ Two-dimensional buckets ]): defaults, drop_last, unsynchronised buckets
+        (2, False, True, False, 2),
+        (3, True, True, False, 2),
+        (3, False, False, False, 2),
     ],
 )
 @pytest.mark.slow
 def test_sampler_ddp_gloo_every_sample_once_and_equal_steps(
-    tmp_path: Path, world: int, drop_last: bool, sync: bool, before: bool
+    tmp_path: Path, world: int, drop_last: bool, sync: bool, before: bool, dims: int
 ) -> None:
     out = tmp_path / "out.json"
-    mp.spawn(_ddp_worker, args=(world, free_port(), str(out), drop_last, sync, before), nprocs=world, join=True)
+    mp.spawn(_ddp_worker, args=(world, free_port(), str(out), drop_last, sync, before, dims), nprocs=world, join=True)
     ranks = json.loads(out.read_text())
-    buckets, _ = mixture_buckets()
+    buckets, _ = mixture_buckets(dims=dims)
     n = len(buckets)
     expected = set(np.flatnonzero(buckets >= 0).tolist())
     for epoch in (0, 1):
@@ -130,8 +154,8 @@ def test_sampler_ddp_gloo_every_sample_once_and_equal_steps(
 class _Loader:
     """Batches of one uninterrupted StatefulDataLoader run, and resumed runs from a save point."""
 
-    def __init__(self, workers: int) -> None:
-        self.buckets, self.sizes = mixture_buckets(1500)
+    def __init__(self, workers: int, dims: int = 1) -> None:
+        self.buckets, self.sizes = mixture_buckets(1500, dims)
         self.workers = workers
 
     def make(self) -> Any:
@@ -144,9 +168,9 @@ class _Loader:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [0, 2])
-def test_sampler_resume_with_stateful_dataloader_is_exact(workers: int) -> None:
-    harness = _Loader(workers)
+@pytest.mark.parametrize(("workers", "dims"), [(0, 1), (2, 1), (0, 2), (2, 2)])
+def test_sampler_resume_with_stateful_dataloader_is_exact(workers: int, dims: int) -> None:
+    harness = _Loader(workers, dims)
     full = [list(b) for b in harness.make()]
     total = len(full)
     for stop in (0, total // 2, total):
@@ -389,10 +413,10 @@ def test_sampler_rank_and_world_are_read_when_needed_explicit_ones_win() -> None
         BucketBatchSampler(buckets, sizes, plan_id=PLAN_ID, world_size=0)
 
 
-def _ddp_resume_worker(rank: int, world: int, port: int, out: str) -> None:
+def _ddp_resume_worker(rank: int, world: int, port: int, out: str, dims: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        buckets, sizes = mixture_buckets(600)
+        buckets, sizes = mixture_buckets(600, dims)
 
         def run(stop: tuple[int, int] | None, state: dict[str, Any] | None) -> tuple[list[list[int]], Any]:
             """Epochs 0 and 1 through a DataLoader; ``stop`` = (epoch, step) to save the sampler's state at
@@ -424,9 +448,10 @@ def _ddp_resume_worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 @pytest.mark.slow
-def test_sampler_ddp_gloo_mid_epoch_resume_is_exact_on_every_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dims", [1, 2])
+def test_sampler_ddp_gloo_mid_epoch_resume_is_exact_on_every_rank(tmp_path: Path, dims: int) -> None:
     out = tmp_path / "out.json"
-    mp.spawn(_ddp_resume_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    mp.spawn(_ddp_resume_worker, args=(2, free_port(), str(out), dims), nprocs=2, join=True)
     ranks = json.loads(out.read_text())
     for r in ranks:
         assert len(r["head"]) > len(r["full"]) // 2  # the stop fell inside epoch 1 (the second)

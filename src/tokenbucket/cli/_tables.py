@@ -40,6 +40,7 @@ def _plan_json(plan: BucketPlan) -> dict[str, Any]:
         "buckets": [
             {
                 "bound": b.bound,
+                **({"vision_bound": b.vision_bound} if b.vision_bound is not None else {}),
                 "batch_size": b.batch_size,
                 "samples": b.samples,
                 "batches": b.batches,
@@ -58,14 +59,16 @@ def _plan_json(plan: BucketPlan) -> dict[str, Any]:
 def _print_plan(plan: BucketPlan, counts: Mapping[str, int] | None = None) -> None:
     """The bucket table and a summary line; ``counts`` (a manifest's ``summary()``: ``samples``,
     ``rejected`` and ``invalid`` as written) replace the plan's own."""
+    two_d = plan.two_d  # a 2D plan's buckets bound the image tokens too (NOTE [ Two-dimensional buckets ])
     print(
-        f"{'bucket':>6} {'bound':>8} {'batch':>6} {'samples':>9} {'batches':>8} {'peak':>11} {'fill':>6} "
-        f"{'padding eff':>12} {'step ms':>9}"
+        f"{'bucket':>6} {'bound':>8} " + (f"{'images':>8} " if two_d else "") + f"{'batch':>6} {'samples':>9} "
+        f"{'batches':>8} {'peak':>11} {'fill':>6} {'padding eff':>12} {'step ms':>9}"
     )
     for k, b in enumerate(plan.buckets):
+        images = f"{b.vision_bound:>8,} " if two_d else ""
         print(
-            f"{k:>6} {b.bound:>8,} {b.batch_size:>6} {b.samples:>9,} {b.batches:>8,} {_gib(b.predicted_peak_bytes):>11} "
-            f"{b.fill:>6.1%} {b.padding_efficiency:>12.1%} {b.step_seconds * 1e3:>9.1f}"
+            f"{k:>6} {b.bound:>8,} {images}{b.batch_size:>6} {b.samples:>9,} {b.batches:>8,} "
+            f"{_gib(b.predicted_peak_bytes):>11} {b.fill:>6.1%} {b.padding_efficiency:>12.1%} {b.step_seconds * 1e3:>9.1f}"
         )
     s = {**plan.summary(), **(counts or {})}
     invalid = f", {s['invalid']:,} of them invalid rows" if s.get("invalid") else ""
@@ -76,7 +79,13 @@ def _print_plan(plan: BucketPlan, counts: Mapping[str, int] | None = None) -> No
         f"{s['predicted_epoch_seconds'] / 3600:,.2f} h, over budget: {s['over_budget_batches']}; "
         f"rejected {s['rejected']:,}{invalid} (budget {_gib(plan.budget_bytes)})"
     )
-    if plan.oversize:
+    if plan.oversize and "largest_vision" in plan.oversize:
+        o = plan.oversize
+        print(
+            f"oversize: {o['count']:,} samples fit not even alone (the longest, {o['largest']:,} tokens of which "
+            f"{o['largest_vision']:,} image tokens, needs {_gib(o['largest_bytes'])} alone)"
+        )
+    elif plan.oversize:
         o = plan.oversize
         print(
             f"oversize: {o['count']:,} samples longer than {o['longest_fitting']:,} tokens (the largest, "

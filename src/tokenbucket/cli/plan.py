@@ -6,11 +6,14 @@ tokenbucket plan METADATA... [--config F] [--gpu NAME | --budget-gib X] [--max-b
 tokenbucket plan --lerobot [NAME=]DATASET[:WEIGHT] [--lerobot ...] [--delta-timestamps JSON|@FILE.json]
                  [--cameras A,B] [--seed N] [plan flags as above]
 tokenbucket plan METADATA... --hf-config DIR | --preset STAGED [--train ...] [--sharding S --world-size N]
-                 [--vision-share F] [--profile PROFILE.json (with --hf-config)] [plan flags as above]
+                 [--vision-share F] [--profile PROFILE.json (with --hf-config)] [--buckets 1d|2d]
+                 [plan flags as above]
 
 With a staged model (a Hugging Face config.json, or a staged preset) the token spec follows from
 the model, and each bucket bound is priced as its worst sample: up to the vision share of its
 tokens as images, the rest text (:class:`~tokenbucket.cost.staged_length.StagedLengthModel`).
+With ``--buckets 2d`` each bucket bounds the image tokens as well, and is priced at both bounds
+(NOTE [ Two-dimensional buckets ]).
 """
 
 from __future__ import annotations
@@ -122,6 +125,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["static", "dynamic", "packed"],
         default="static",
         help="static: at most K shapes; dynamic: batches padded to their own longest sample",
+    )
+    parser.add_argument(
+        "--buckets",
+        choices=["1d", "2d"],
+        default="1d",
+        help="1d (default): bound each bucket's LLM tokens; 2d: with --hf-config or a staged --preset, bound its "
+        "image tokens too, so text-heavy samples are not batched as if all image (static mode)",
     )
     parser.add_argument(
         "--on-oversize",
@@ -349,17 +359,21 @@ def _profiled(
     return cost, {"path": str(path), **cost.record(sha256)}
 
 
-def _print_staged(record: dict[str, Any]) -> None:
+def _print_staged(record: dict[str, Any], two_d: bool = False) -> None:
     setup = record["setup"]
     images = (
         "no images"
         if record["image"] is None
         else "{}x{} images of {:,} tokens".format(*record["image"], record["image_tokens"])
     )
+    share = (
+        "its own image-token bound"
+        if two_d
+        else f"up to {record['vision_share']:.1%} image tokens ({record['vision_share_source']})"
+    )
     print(
         f"staged model {record['name']} ({record['model_type']}), train {setup['train']}, sharding "
-        f"{setup['sharding']} x {setup['world_size']}; each bucket priced as up to "
-        f"{record['vision_share']:.1%} image tokens ({record['vision_share_source']}) as {images}, the rest text"
+        f"{setup['sharding']} x {setup['world_size']}; each bucket priced as {share} as {images}, the rest text"
     )
 
 
@@ -400,6 +414,7 @@ def run(args: argparse.Namespace) -> int:
         )
     elif args.plan_mode == "packed":
         raise UsageError("--mode packed prices packed rows with the block model; use --mode static or dynamic")
+    _check_2d(args, staged)
     budget = _budget(args)
     if budget is None:
         raise UsageError("plan needs a budget: --gpu NAME or --budget-gib X")
@@ -454,6 +469,7 @@ def run(args: argparse.Namespace) -> int:
             meta=meta,
             force=args.force,
             progress=progress_from_args(args),  # NOTE [ Progress on stderr ]: a bar per phase
+            **({"two_d": True} if args.buckets == "2d" else {}),
         )
     summary = manifest.summary()  # the manifest's own counts: invalid rows are rejected too
     if args.json:
@@ -462,7 +478,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_plan(manifest.plan, summary)
         if staged:
-            _print_staged(meta["model"])
+            _print_staged(meta["model"], two_d=manifest.plan.two_d)
         if args.profile is not None:
             low, high = meta["profile"]["lengths"]
             print(
@@ -484,6 +500,24 @@ def run(args: argparse.Namespace) -> int:
             )
         print(f"manifest: {args.out} ({len(manifest):,} rows)")
     return 0
+
+
+def _check_2d(args: argparse.Namespace, staged: bool) -> None:
+    """``--buckets 2d`` bounds image tokens, which only a staged model prices apart (NOTE [ Two-dimensional
+    buckets ]); its plans are static shapes planned from the samples themselves, here, in one process."""
+    if args.buckets != "2d":
+        return
+    if not staged:
+        raise UsageError("--buckets 2d needs a model with a vision tower: --hf-config DIR or a staged --preset")
+    refused = [
+        ("--mode " + args.plan_mode, args.plan_mode != "static"),
+        ("--profile", args.profile is not None),
+        ("--calibration", args.calibration is not None),
+        ("--engine ray", args.engine == "ray"),
+    ]
+    given = [flag for flag, bad in refused if bad]
+    if given:
+        raise UsageError(f"--buckets 2d plans static shapes from the staged model here; drop {', '.join(given)}")
 
 
 def _check_calibration_gpu(path: Path, calibration: Calibration, gpu: GPU | None) -> None:

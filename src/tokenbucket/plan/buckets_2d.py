@@ -255,7 +255,12 @@ def plan_buckets_2d(
                 f"{budget_bytes / 2**30:,.2f} GiB. Fewer frames or cameras, a lower resolution, checkpointing or a "
                 f"bigger GPU would make them fit; or pass on_oversize='reject' to plan without them"
             )
-        oversize = {"count": len(out), "largest": int(ln[worst]), "largest_bytes": need, "longest_fitting": 0}
+        oversize = {
+            "count": len(out),
+            "largest": int(ln[worst]),
+            "largest_vision": int(vi[worst]),
+            "largest_bytes": need,
+        }
         ln, vi = ln[fits], vi[fits]
         if not ln.size:
             return BucketPlan("static", budget_bytes, (), oversize, dict(meta or {}))

@@ -56,6 +56,7 @@ from tokenbucket.plan._manifest_io import (
     temp_path,
 )
 from tokenbucket.plan.buckets import BucketPlan, LengthHistogram, plan_buckets
+from tokenbucket.plan.buckets_2d import plan_buckets_2d
 from tokenbucket.tokens.breakdown import R_DUPLICATE, breakdown_table, duplicate_rows
 from tokenbucket.tokens.metadata import count_rows, iter_metadata_batches, metadata_paths
 from tokenbucket.tokens.spec import TokenSpec
@@ -238,12 +239,14 @@ def _count(
     check_keys: bool,
     min_total: int = 0,
     desc: str = "counting",
+    vision_out: list[np.ndarray] | None = None,
 ) -> tuple[LengthHistogram, np.ndarray]:
     """Pass 1: the lengths of the rows the write will put in a bucket (or find oversize).
 
     With ``check_keys`` (``on_invalid="reject"``) a row with a bad or repeated key is left out,
     as the write refuses it (NOTE [ Duplicate keys across batches ]); otherwise keys are not
-    read: any such row makes the write raise.
+    read: any such row makes the write raise. ``vision_out`` collects the same rows' image tokens
+    (a 2D plan's second count, NOTE [ Two-dimensional buckets ]).
     """
     hist = empty_histogram()
     raw: list[np.ndarray] = []
@@ -261,10 +264,14 @@ def _count(
         ):
             result = breakdown_table(table, counting, on_invalid="reject", min_total=min_total)
             totals = result.totals
+            vision = result.table.column("vision").to_numpy() if vision_out is not None else None
             if key is not None:
                 dup = seen.add(result.table.column("key"), refuse=True)
                 if dup is not None:
                     totals = totals[~dup]
+                    vision = vision[~dup] if vision is not None else None
+            if vision_out is not None and vision is not None:
+                vision_out.append(vision)
             hist = hist.merge(histogram_of(totals))
             if keep_lengths:
                 raw.append(totals)
@@ -303,20 +310,35 @@ def make_plan(
     on_oversize: str,
     meta: dict[str, Any] | None,
     progress: bool | None,
+    vision: np.ndarray | None = None,
 ) -> BucketPlan:
-    """Phase 2/3: the plan from pass 1's histogram (or lengths), shown as one step."""
+    """Phase 2/3: the plan from pass 1's histogram (or lengths), shown as one step; with
+    ``vision`` (every sample's image tokens) a 2D plan (NOTE [ Two-dimensional buckets ])."""
     # one vectorised call: its bar is one step, not a fake count (NOTE [ Progress on stderr ])
     step = progress_bar(1, desc="2/3 planning", unit="step", enabled=progress)
     try:
-        plan = plan_buckets(
-            lengths,
-            cost,  # type: ignore[arg-type]
-            budget_bytes,
-            max_buckets=max_buckets,
-            mode=mode,  # type: ignore[arg-type]
-            on_oversize=on_oversize,  # type: ignore[arg-type]
-            meta=meta,
-        )
+        if vision is not None:
+            if isinstance(lengths, LengthHistogram) or mode != "static":
+                raise ConfigError(f"a 2D plan is static and needs every sample's lengths, but got mode={mode!r}")
+            plan = plan_buckets_2d(
+                lengths,
+                vision,
+                cost,  # type: ignore[arg-type]
+                budget_bytes,
+                max_buckets=max_buckets,
+                on_oversize=on_oversize,  # type: ignore[arg-type]
+                meta=meta,
+            )
+        else:
+            plan = plan_buckets(
+                lengths,
+                cost,  # type: ignore[arg-type]
+                budget_bytes,
+                max_buckets=max_buckets,
+                mode=mode,  # type: ignore[arg-type]
+                on_oversize=on_oversize,  # type: ignore[arg-type]
+                meta=meta,
+            )
         step.update(1)
     finally:
         step.close()
@@ -339,6 +361,7 @@ def build_manifest(
     progress: bool | None = None,
     meta: dict[str, Any] | None = None,
     force: bool = False,
+    two_d: bool = False,
 ) -> Manifest:
     """Count, plan and write a manifest for the metadata in ``sources``.
 
@@ -361,6 +384,9 @@ def build_manifest(
         meta: more JSON-ready context to record (e.g. the model and GPU).
         force: also replace an existing ``out`` that is a regular file but not a manifest
             (never a directory, never a metadata input).
+        two_d: plan 2D buckets, bounding every sample's image tokens as well as its length
+            (:func:`~tokenbucket.plan.buckets_2d.plan_buckets_2d`; static mode, a cost model that
+            takes ``vision=``: NOTE [ Two-dimensional buckets ]).
 
     Returns:
         The written manifest, loaded.
@@ -380,18 +406,22 @@ def build_manifest(
     else:
         if budget_bytes is None:
             raise ConfigError("build_manifest with a cost model needs budget_bytes (or pass a BucketPlan)")
+        if two_d and mode != "static":
+            raise ConfigError(f"2D buckets are static shapes, but got mode={mode!r}")
+        vision: list[np.ndarray] | None = [] if two_d else None
         hist, raw = _count(
             paths,
             spec,
             batch_rows,
-            keep_lengths=mode in ("dynamic", "packed"),
+            keep_lengths=two_d or mode in ("dynamic", "packed"),
             progress=progress,
             total_rows=total_rows,
             check_keys=on_invalid == "reject",
             min_total=0 if mode == "packed" else 1,  # NOTE [ Samples without tokens ]
             desc="1/3 counting",
+            vision_out=vision,
         )
-        lengths = raw if mode in ("dynamic", "packed") else hist  # both simulate the samples themselves
+        lengths = raw if two_d or mode in ("dynamic", "packed") else hist  # these plan the samples themselves
         plan = make_plan(
             lengths,
             plan_or_cost,
@@ -401,6 +431,7 @@ def build_manifest(
             on_oversize=on_oversize,
             meta=meta,
             progress=progress,
+            vision=None if vision is None else (np.concatenate(vision) if vision else np.zeros(0, np.int64)),
         )
     if not len(plan.bounds):
         raise ConfigError("the plan has no buckets: every sample was oversize")
