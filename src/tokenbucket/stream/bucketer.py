@@ -33,7 +33,6 @@ buffers and emission rules :mod:`~tokenbucket.stream.emission`, the resume state
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import warnings
@@ -46,7 +45,7 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.plan._search import SupportsCost
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.stream.counting import ChunkCounter, Meta
-from tokenbucket.stream.emission import BucketBuffers, Member
+from tokenbucket.stream.emission import BucketBuffers, Member, bucket_index
 from tokenbucket.stream.state import ShardProgress, StreamState, StreamStats, shard_of
 from tokenbucket.tokens.spec import MODALITY_COLUMNS, TokenSpec
 from tokenbucket.train.batch import BatchInfo
@@ -82,6 +81,7 @@ class StreamBatch:
     reason: str
     # per sample, its tokens by modality (MODALITY_COLUMNS), as the map-style collate reports them
     modality_tokens: tuple[tuple[int, ...], ...] = ()
+    vision_bound: int | None = None  # a 2D static bucket's image-token bound (NOTE [ Two-dimensional buckets ])
 
     @property
     def empty_rows(self) -> int:
@@ -104,6 +104,7 @@ class StreamBatch:
             risk=self.predicted_peak_bytes / self.budget_bytes,
             lengths=self.lengths,
             row_tokens=rows,
+            vision_bound=self.vision_bound,
         )
 
 
@@ -226,6 +227,7 @@ class StreamBucketer:
         buffers: BucketBuffers[_Item] = BucketBuffers(self.plan, self.cost_model, self.max_buffered)
         bounds = self.plan.bounds.tolist()
         largest = bounds[-1]
+        two_d = self.plan.two_d
         target = self.batches
         progress = self._progress
         it = iter(samples)
@@ -233,17 +235,15 @@ class StreamBucketer:
         def place(chunk: list[tuple[object, str]]) -> list[StreamBatch]:
             out = []
             for sample, key, length, modal in self._counter.count(chunk):
-                if length > largest:
-                    self._reject(
-                        sample,
-                        key,
-                        "oversize",
-                        f"{length:,} tokens, more than the plan's largest bucket ({largest:,})",
-                        "total",
-                        length,
+                k = bucket_index(self.plan, bounds, length, modal[0])  # modal[0]: vision (MODALITY_COLUMNS)
+                if k < 0:
+                    why = (
+                        f"{length:,} tokens ({modal[0]:,} of them image tokens), held by no bucket of the 2D plan"
+                        if two_d
+                        else f"{length:,} tokens, more than the plan's largest bucket ({largest:,})"
                     )
+                    self._reject(sample, key, "oversize", why, "total", length)
                     continue
-                k = bisect.bisect_left(bounds, length)
                 # the buffers hold (sample, its modality counts) as the item
                 out += [self._batch(buffers, *b) for b in buffers.add(k, (sample, modal), key, length)]
             return out
@@ -291,10 +291,11 @@ class StreamBucketer:
             lengths=tuple(m[2] for m in members),
             rows=rows,
             length=length,
-            predicted_peak_bytes=buffers.peak(rows, length),
+            predicted_peak_bytes=buffers.peak(k, rows, length),
             budget_bytes=buffers.budget,
             reason=reason,
             modality_tokens=tuple(m[0][1] for m in members),
+            vision_bound=self.plan.buckets[k].vision_bound if buffers.static else None,
         )
 
     def _emitted(self, batch: StreamBatch) -> None:
@@ -318,9 +319,10 @@ class StreamBucketer:
             lengths=(),
             rows=rows,
             length=length,
-            predicted_peak_bytes=buffers.peak(rows, length),
+            predicted_peak_bytes=buffers.peak(k, rows, length),
             budget_bytes=buffers.budget,
             reason="pad",
+            vision_bound=self.plan.buckets[k].vision_bound if buffers.static else None,
         )
 
     def _over_epoch(self, buffers: BucketBuffers[_Item], pending: list[StreamBatch], rest: Iterator[object]) -> None:

@@ -16,13 +16,26 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.plan._search import SupportsCost
 from tokenbucket.plan.bucket_plan import BucketPlan
 
-__all__ = ["BucketBuffers", "Member", "Taken", "stream_batch_counts"]
+__all__ = ["BucketBuffers", "Member", "Taken", "bucket_index", "stream_batch_counts"]
 
 ItemT = TypeVar("ItemT")
 #: a buffered sample: what the caller keeps of it, its key and its length
 Member: TypeAlias = tuple[ItemT, str, int]
 #: a batch taken from the buffers: its bucket, its members and why (``full``, ``early``, ``flush``)
 Taken: TypeAlias = tuple[int, list[Member[ItemT]], str]
+
+
+def bucket_index(plan: BucketPlan, bounds: list[int], length: int, vision: int) -> int:
+    """The bucket of one sample (``bounds``: ``plan.bounds`` as a list), ``-1`` when none holds it:
+    the first bound at least its length; in a 2D plan the first bucket holding both its counts
+    (NOTE [ Two-dimensional buckets ])."""
+    if not plan.two_d:
+        k = bisect.bisect_left(bounds, length)
+        return k if k < len(bounds) else -1
+    for k, b in enumerate(plan.buckets):
+        if length <= b.bound and vision <= (b.vision_bound or 0):
+            return k
+    return -1
 
 
 class BucketBuffers(Generic[ItemT]):
@@ -43,7 +56,7 @@ class BucketBuffers(Generic[ItemT]):
         self.longest = [0] * len(plan.buckets)
         self.count = 0
         self._caps: dict[int, int] = {}
-        self._peaks: dict[tuple[int, int], int] = {}
+        self._peaks: dict[tuple[int, int, int | None], int] = {}
 
     def _cap(self, length: int) -> int:
         cap = self._caps.get(length)
@@ -52,17 +65,21 @@ class BucketBuffers(Generic[ItemT]):
             cap = self._caps[length] = self.cost.max_batch(length, self.budget)
         return cap
 
-    def peak(self, rows: int, length: int) -> int:
+    def peak(self, k: int, rows: int, length: int) -> int:
+        """The predicted peak of bucket ``k``'s batch of ``rows`` x ``length``: the cost model's (at
+        the bucket's image-token bound too, in a 2D plan), else the plan's for the bucket."""
+        b = self.plan.buckets[k]
         if self.cost is None:
-            return int(self.plan.buckets[self._bucket_of(length)].predicted_peak_bytes)
-        key = (rows, length)
+            return int(b.predicted_peak_bytes)
+        key = (rows, length, b.vision_bound)
         p = self._peaks.get(key)
         if p is None:
-            p = self._peaks[key] = int(self.cost.memory(rows, length).total)
+            if b.vision_bound is None:
+                p = int(self.cost.memory(rows, length).total)
+            else:  # a 2D plan's cost model takes vision= (NOTE [ Two-dimensional buckets ])
+                p = int(self.cost.memory(rows, length, b.vision_bound).total)  # type: ignore[call-arg]
+            self._peaks[key] = p
         return p
-
-    def _bucket_of(self, length: int) -> int:
-        return int(np.searchsorted(self.plan.bounds, length, side="left"))
 
     def add(self, k: int, item: ItemT, key: str, length: int) -> list[Taken[ItemT]]:
         """Place one sample; return the batches that are complete now."""
@@ -125,11 +142,13 @@ def stream_batch_counts(
     num_workers: int = 1,
     cost_model: SupportsCost | None = None,
     max_buffered: int | None = None,
+    shard_vision: Sequence[Sequence[int]] | None = None,
 ) -> npt.NDArray[np.int64]:
     """Batches each ``(rank, worker)`` stream emits, ``[world_size, max(1, num_workers)]``.
 
     ``shard_lengths[s]`` holds the token counts of shard ``s``'s valid samples, in order (see
-    :func:`tokenbucket.stream.wds.index_shards`). Shards are dealt as webdataset's ``split_by_node``
+    :func:`tokenbucket.stream.wds.index_shards`); a 2D plan also needs their image tokens,
+    ``shard_vision`` (``ShardIndex.vision``). Shards are dealt as webdataset's ``split_by_node``
     and ``split_by_worker`` deal them (``shards[rank::world_size][worker::num_workers]``), in
     the given order. Pass ``batches=counts.max()`` to every stage, and with ``num_workers``
     workers each rank takes ``num_workers * counts.max()`` steps, the same on every rank, with
@@ -146,16 +165,22 @@ def stream_batch_counts(
     workers = max(1, num_workers)
     out = np.zeros((world_size, workers), dtype=np.int64)
     bounds = plan.bounds.tolist()  # bisect on a list: this loop visits every sample of the index
-    largest = bounds[-1]
+    if plan.two_d and (shard_vision is None or [len(v) for v in shard_vision] != [len(s) for s in shard_lengths]):
+        raise ConfigError(
+            "a 2D plan places samples by their image tokens too: pass shard_vision= (ShardIndex.vision), one "
+            "count per sample of shard_lengths"
+        )
+    vision = list(shard_vision) if shard_vision is not None else [[0] * len(s) for s in shard_lengths]
+    shards = list(zip(shard_lengths, vision, strict=True))
     for rank in range(world_size):
-        mine = list(shard_lengths)[rank::world_size]
+        mine = shards[rank::world_size]
         for w in range(workers):
             buffers: BucketBuffers[None] = BucketBuffers(plan, cost_model, max_buffered)
             n = 0
-            for shard in mine[w::workers]:
-                for length in shard:
-                    if length > largest:
-                        continue
-                    n += len(buffers.add(bisect.bisect_left(bounds, length), None, "", int(length)))
+            for lengths, images in mine[w::workers]:
+                for length, v in zip(lengths, images, strict=True):
+                    k = bucket_index(plan, bounds, int(length), int(v))
+                    if k >= 0:
+                        n += len(buffers.add(k, None, "", int(length)))
             out[rank, w] = n + len(buffers.flush())
     return out

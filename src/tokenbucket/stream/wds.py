@@ -123,14 +123,16 @@ class BadShard:
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """Per shard, in ``urls`` order: the keys and token counts of its samples with valid metadata.
-    ``skipped``: the shards left out under ``on_bad_shard="skip"`` (not in ``urls``)."""
+    """Per shard, in ``urls`` order: the keys and token counts of its samples with valid metadata,
+    and their image tokens (``vision``: what a 2D plan places them by too, NOTE [ Two-dimensional
+    buckets ]). ``skipped``: the shards left out under ``on_bad_shard="skip"`` (not in ``urls``)."""
 
     urls: tuple[str, ...]
     keys: tuple[tuple[str, ...], ...]
     lengths: tuple[tuple[int, ...], ...]
     rejected: int
     skipped: tuple[BadShard, ...] = ()
+    vision: tuple[tuple[int, ...], ...] = ()
 
     @property
     def samples(self) -> int:
@@ -160,6 +162,7 @@ class ShardIndex:
             tuple(self.lengths[where[u]] for u in urls),
             self.rejected,
             self.skipped,
+            tuple(self.vision[where[u]] for u in urls) if self.vision else (),
         )
 
     def batches_per_worker(
@@ -180,6 +183,7 @@ class ShardIndex:
             num_workers=num_workers,
             cost_model=cost_model,
             max_buffered=max_buffered,
+            shard_vision=self.vision or None,
         )
         return int(counts.max()) if counts.size else 0
 
@@ -408,7 +412,7 @@ def index_shards(
         raise ConfigError(f"on_bad_shard should be 'error' or 'skip', but got on_bad_shard={on_bad_shard!r}")
     counter = ChunkCounter(spec, meta=meta)
     opener: Callable[[str], IO[bytes]] = open_fn if open_fn is not None else (lambda u: open(u, "rb"))
-    good, keys, lengths, skipped = [], [], [], []
+    good, keys, lengths, vision, skipped = [], [], [], [], []
     for url in map(str, urls):
         try:
             f = opener(url)
@@ -434,4 +438,5 @@ def index_shards(
         good.append(url)
         keys.append(tuple(c[1] for c in counted))
         lengths.append(tuple(c[2] for c in counted))
-    return ShardIndex(tuple(good), tuple(keys), tuple(lengths), counter.invalid, tuple(skipped))
+        vision.append(tuple(c[3][0] for c in counted))  # c[3][0]: vision (MODALITY_COLUMNS)
+    return ShardIndex(tuple(good), tuple(keys), tuple(lengths), counter.invalid, tuple(skipped), tuple(vision))
