@@ -24,6 +24,7 @@ from tokenbucket.plan.buckets_2d import _solve, plan_buckets_2d, sorted_oracle
 from tokenbucket.plan.manifest import build_manifest, load_manifest
 from tokenbucket.testing import mixture_tv
 from tokenbucket.tokens.hf import token_spec_from_hf
+from tokenbucket.train.warmup import warm_up
 
 BUDGET = gpu_budget_bytes("H100-SXM")
 
@@ -221,3 +222,18 @@ def test_cli_plan_buckets_2d(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert cli_main(["plan", str(src), "--gpu", "h100-sxm", "--buckets", "2d", "--out", str(out)]) == 2
     assert "needs a model with a vision tower" in capsys.readouterr().err
+
+
+def test_warm_up_hands_a_2d_bucket_its_image_token_bound(staged: StagedCostModel) -> None:
+    plan = plan_buckets_2d(
+        [300, 3000, 3000, 2000], [0, 0, 2900, 1024], StagedLengthModel(staged), BUDGET, max_buckets=4
+    )
+    asked: list[tuple[int, ...]] = []
+
+    def make_batch(*shape: int) -> tuple[int, ...]:
+        asked.append(shape)
+        return shape
+
+    records = warm_up(lambda batch: None, plan, make_batch, order="plan")
+    assert asked == [(b.batch_size, b.bound, b.vision_bound) for b in plan.buckets]
+    assert [r.vision_bound for r in records] == [b.vision_bound for b in plan.buckets]

@@ -44,7 +44,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, cast
 
 import torch
 
@@ -107,6 +107,7 @@ class WarmupRecord:
     predicted_peak_bytes: int
     seconds: float
     compiles: int
+    vision_bound: int | None = None  # a 2D bucket's image-token bound (NOTE [ Two-dimensional buckets ])
 
 
 def _check_plan(plan: BucketPlan, order: str) -> None:
@@ -145,7 +146,7 @@ def _synchronize() -> None:
 def warm_up(
     step: Callable[[BatchT], object],
     plan: BucketPlan,
-    make_batch: Callable[[int, int], BatchT],
+    make_batch: Callable[[int, int], BatchT] | Callable[[int, int, int], BatchT],
     *,
     order: WarmupOrder = "largest_first",
 ) -> list[WarmupRecord]:
@@ -166,7 +167,9 @@ def warm_up(
     Args:
         step: the train step; its return value is ignored.
         plan: a static :class:`~tokenbucket.plan.bucket_plan.BucketPlan`.
-        make_batch: ``(batch_size, bound) -> batch``.
+        make_batch: ``(batch_size, bound) -> batch``; for a 2D plan ``(batch_size, bound,
+            vision_bound) -> batch``, the patch stream padded as the collate pads it (NOTE
+            [ Two-dimensional buckets ]).
         order: ``"largest_first"`` or ``"plan"``.
 
     Returns:
@@ -179,7 +182,12 @@ def warm_up(
     records: list[WarmupRecord] = []
     for k in warmup_order(plan, order):
         bucket = plan.buckets[k]
-        batch = make_batch(bucket.batch_size, bucket.bound)
+        if bucket.vision_bound is None:
+            batch = cast("Callable[[int, int], BatchT]", make_batch)(bucket.batch_size, bucket.bound)
+        else:
+            batch = cast("Callable[[int, int, int], BatchT]", make_batch)(
+                bucket.batch_size, bucket.bound, bucket.vision_bound
+            )
         _synchronize()
         before, start = compile_count(), time.perf_counter()
         try:
@@ -202,6 +210,7 @@ def warm_up(
                 predicted_peak_bytes=bucket.predicted_peak_bytes,
                 seconds=seconds,
                 compiles=compile_count() - before,
+                vision_bound=bucket.vision_bound,
             )
         )
     return records
