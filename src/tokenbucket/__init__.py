@@ -88,6 +88,7 @@ _LAZY = {
     "LengthHistogram": "plan.bucket_plan",
     "check_plan": "plan.buckets",
     "plan_buckets": "plan.buckets",
+    "plan_buckets_2d": "plan.buckets_2d",
     "plan_from_bounds": "plan.buckets",
     "Manifest": "plan.manifest",
     "build_manifest": "plan.manifest",
@@ -141,6 +142,7 @@ if TYPE_CHECKING:
     from tokenbucket.monitor.stats import format_summary
     from tokenbucket.plan.bucket_plan import Bucket, BucketPlan, LengthHistogram
     from tokenbucket.plan.buckets import check_plan, plan_buckets, plan_from_bounds
+    from tokenbucket.plan.buckets_2d import plan_buckets_2d
     from tokenbucket.plan.manifest import Manifest, build_manifest, load_manifest
     from tokenbucket.stream.bucketer import StreamBucketer
     from tokenbucket.stream.dataset import BucketedStream, StreamCollate
@@ -232,6 +234,7 @@ __all__ = [
     "load_calibration",
     "load_manifest",
     "plan_buckets",
+    "plan_buckets_2d",
     "plan_from_bounds",
     "profile_memory",
     "read_events",

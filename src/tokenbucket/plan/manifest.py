@@ -55,8 +55,8 @@ from tokenbucket.plan._manifest_io import (
     replace_out,
     temp_path,
 )
-from tokenbucket.plan.buckets import BucketPlan, LengthHistogram, plan_buckets
-from tokenbucket.plan.buckets_2d import plan_buckets_2d
+from tokenbucket.plan._phases import make_plan
+from tokenbucket.plan.buckets import BucketPlan, LengthHistogram
 from tokenbucket.tokens.breakdown import R_DUPLICATE, breakdown_table, duplicate_rows
 from tokenbucket.tokens.metadata import count_rows, iter_metadata_batches, metadata_paths
 from tokenbucket.tokens.spec import TokenSpec
@@ -298,51 +298,6 @@ def counting_spec(spec: TokenSpec, check_keys: bool) -> tuple[TokenSpec, list[st
     needed = [spec.columns.cameras, spec.columns.frames, spec.columns.height, spec.columns.width]
     needed += [r.column for r in spec.rules().values() if r.column is not None]
     return counting, needed + ([key] if key else [])
-
-
-def make_plan(
-    lengths: LengthHistogram | np.ndarray,
-    cost: object,
-    budget_bytes: int,
-    *,
-    max_buckets: int,
-    mode: str,
-    on_oversize: str,
-    meta: dict[str, Any] | None,
-    progress: bool | None,
-    vision: np.ndarray | None = None,
-) -> BucketPlan:
-    """Phase 2/3: the plan from pass 1's histogram (or lengths), shown as one step; with
-    ``vision`` (every sample's image tokens) a 2D plan (NOTE [ Two-dimensional buckets ])."""
-    # one vectorised call: its bar is one step, not a fake count (NOTE [ Progress on stderr ])
-    step = progress_bar(1, desc="2/3 planning", unit="step", enabled=progress)
-    try:
-        if vision is not None:
-            if isinstance(lengths, LengthHistogram) or mode != "static":
-                raise ConfigError(f"a 2D plan is static and needs every sample's lengths, but got mode={mode!r}")
-            plan = plan_buckets_2d(
-                lengths,
-                vision,
-                cost,  # type: ignore[arg-type]
-                budget_bytes,
-                max_buckets=max_buckets,
-                on_oversize=on_oversize,  # type: ignore[arg-type]
-                meta=meta,
-            )
-        else:
-            plan = plan_buckets(
-                lengths,
-                cost,  # type: ignore[arg-type]
-                budget_bytes,
-                max_buckets=max_buckets,
-                mode=mode,  # type: ignore[arg-type]
-                on_oversize=on_oversize,  # type: ignore[arg-type]
-                meta=meta,
-            )
-        step.update(1)
-    finally:
-        step.close()
-    return plan
 
 
 def build_manifest(

@@ -69,6 +69,7 @@ from tokenbucket.plan._manifest_io import (
     replace_out,
     temp_path,
 )
+from tokenbucket.plan._phases import make_plan
 from tokenbucket.plan.buckets import BucketPlan, LengthHistogram
 from tokenbucket.plan.manifest import (
     Manifest,
@@ -77,7 +78,6 @@ from tokenbucket.plan.manifest import (
     empty_histogram,
     histogram_of,
     load_manifest,
-    make_plan,
     manifest_part,
     not_invalid,
     refuse_kept,
