@@ -2,6 +2,9 @@
 
     tokenbucket inspect manifest.parquet [--json] [--plot hist.png]
 
+A 2D manifest (its buckets bound image tokens too) plots the samples' (L_total, image tokens)
+as a 2D histogram with each bucket drawn as a rectangle (NOTE [ The 2D report grid ]).
+
 (The module is ``inspect_``, not ``inspect``: a file named like the standard library's ``inspect``
 would shadow it whenever this folder is on ``sys.path``, e.g. ``python src/tokenbucket/cli/main.py``.)
 """
@@ -15,15 +18,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tokenbucket._exceptions import ConfigError
 from tokenbucket.cli._tables import _histogram, _plan_json, _print_plan
 from tokenbucket.monitor.report import pyplot
+from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.plan.manifest import Manifest, load_manifest
 
 if TYPE_CHECKING:  # matplotlib is the optional `plot` extra: imported only by pyplot()
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["EXAMPLE", "add_arguments", "plan_figure", "run"]
+__all__ = ["EXAMPLE", "add_arguments", "bucket_rectangles", "plan_figure", "plan_figure_2d", "run"]
 
 EXAMPLE = "tokenbucket inspect manifest.parquet --plot hist.png"
 
@@ -37,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plot",
         type=Path,
         help="write a PNG: the L_total histogram with the bucket bounds (rejected samples shaded) beside "
-        "each bucket's predicted peak memory against the budget (needs the `plot` extra: matplotlib)",
+        "each bucket's predicted peak memory against the budget; for a 2D plan, a 2D histogram of "
+        "(L_total, image tokens) with each bucket drawn as a rectangle (needs the `plot` extra: matplotlib)",
     )
 
 
@@ -75,9 +81,13 @@ def plan_figure(manifest: Manifest) -> Figure:
     predicted peak, a horizontal line at the plan's budget. Rows rejected as invalid have no
     length and are counted in the legend only.
 
+    A 2D plan's manifest is drawn by :func:`plan_figure_2d`.
+
     Raises:
         ConfigError: matplotlib (the ``plot`` extra) is not installed.
     """
+    if manifest.plan.two_d:
+        return plan_figure_2d(manifest)
     plt = pyplot()
     table = manifest.table.select(["total", "bucket"])
     bucket = table.column("bucket").to_numpy()
@@ -107,7 +117,13 @@ def plan_figure(manifest: Manifest) -> Figure:
         xlabel="L_total (tokens)", ylabel="samples", title=f"{len(manifest):,} samples, {len(plan.buckets)} buckets"
     )
     lengths.legend(fontsize="small")
+    _peaks(memory, plan, [f"{b.bound:,}" for b in plan.buckets], "bucket bound (tokens)")
+    fig.tight_layout()
+    return fig
 
+
+def _peaks(memory: Axes, plan: BucketPlan, names: list[str], what: str) -> None:
+    """One bar per bucket at its predicted peak (labelled with its batch size), the budget a line."""
     top = max([plan.budget_bytes, *(b.predicted_peak_bytes for b in plan.buckets)])
     unit, scale = ("GiB", 2.0**30) if top >= 2**30 else ("MiB", 2.0**20)
     x = list(range(len(plan.buckets)))
@@ -119,12 +135,114 @@ def plan_figure(manifest: Manifest) -> Figure:
     budget = plan.budget_bytes / scale
     memory.axhline(budget, color="#c44e52", lw=1.2, ls="--", label=f"budget {budget:,.2f} {unit}")
     step = max(1, len(x) // 12)  # at most about a dozen tick labels
-    memory.set_xticks(x[::step], [f"{plan.buckets[i].bound:,}" for i in x[::step]], rotation=45, fontsize="small")
+    memory.set_xticks(x[::step], [names[i] for i in x[::step]], rotation=45, fontsize="small")
     labelled = "; bar label: batch size" if len(plan.buckets) <= 16 else ""
-    memory.set(xlabel=f"bucket bound (tokens){labelled}", ylabel=f"predicted peak ({unit})")
+    memory.set(xlabel=f"{what}{labelled}", ylabel=f"predicted peak ({unit})")
     memory.set_ylim(0, top / scale * 1.2)  # room above the budget line for the legend
     memory.set_title("predicted peak per bucket vs the budget")
     memory.legend(fontsize="small", loc="upper right", ncols=2)
+
+
+def bucket_rectangles(plan: BucketPlan) -> list[tuple[int, int, int, int]]:
+    """Each 2D bucket's ``(length_lo, length_hi, vision_lo, vision_hi)``, in plan order: from the
+    previous band's bound to its bound, from its band's previous level (0 for the first) to its
+    ``vision_bound`` (NOTE [ The 2D report grid ]).
+
+    Example:
+        >>> from tokenbucket.plan.bucket_plan import Bucket
+        >>> def b(u, v): return Bucket(u, 1, 0, 0, 0, 0, 0, 0.0, 1.0, 0.0, vision_bound=v)
+        >>> bucket_rectangles(BucketPlan("static", 1, (b(512, 0), b(512, 256), b(2048, 1024))))
+        [(0, 512, 0, 0), (0, 512, 0, 256), (512, 2048, 0, 1024)]
+    """
+    vb = plan.vision_bounds
+    if vb is None:
+        raise ConfigError("bucket rectangles are a 2D plan's; this plan bounds lengths only")
+    bounds, levels = plan.bounds.tolist(), vb.tolist()
+    out = []
+    for u, v in zip(bounds, levels, strict=True):
+        below = [lv for w, lv in zip(bounds, levels, strict=True) if w == u and lv < v]
+        out.append((max([w for w in bounds if w < u], default=0), u, max(below, default=0), v))
+    return out
+
+
+LINEAR_TOKENS = 64  # the 2D plot's axes are linear below this many tokens, logarithmic above
+
+
+def _symlog_edges(top: int, bins: int) -> np.ndarray:
+    """``bins`` histogram bins from 0 to ``top``: 4 linear ones to ``LINEAR_TOKENS``, geometric above."""
+    if top <= LINEAR_TOKENS:
+        return np.linspace(0, top, bins + 1)
+    return np.concatenate([np.linspace(0, LINEAR_TOKENS, 5)[:-1], np.geomspace(LINEAR_TOKENS, top, bins - 3)])
+
+
+def plan_figure_2d(manifest: Manifest) -> Figure:
+    """A 2D plan's manifest as a picture: the samples' (L_total, image tokens) with the buckets,
+    beside each bucket's predicted peak memory against the budget.
+
+    Left: a 2D histogram of the samples in a bucket (colour: samples per cell, log scale; both
+    axes linear up to ``LINEAR_TOKENS`` and logarithmic above), the
+    rejected samples as red crosses, each bucket a rectangle (:func:`bucket_rectangles`) numbered
+    at its top right corner. Right: as in :func:`plan_figure`, the bars labelled by both bounds.
+    Rows rejected as invalid have no length and are counted in the legend only.
+
+    Raises:
+        ConfigError: matplotlib (the ``plot`` extra) is not installed.
+    """
+    plt = pyplot()
+    table = manifest.table.select(["total", "vision", "bucket"])
+    bucket = table.column("bucket").to_numpy()
+    totals = table.column("total").fill_null(0).to_numpy()
+    vision = table.column("vision").fill_null(0).to_numpy()
+    has_length = table.column("total").is_valid().to_numpy(zero_copy_only=False)
+    kept, rejected = bucket >= 0, (bucket < 0) & has_length
+    invalid = int(((bucket < 0) & ~has_length).sum())
+    plan = manifest.plan
+    boxes = bucket_rectangles(plan)
+
+    fig: Figure
+    samples: Axes
+    memory: Axes
+    fig, (samples, memory) = plt.subplots(1, 2, figsize=(12, 5), gridspec_kw={"width_ratios": [3, 2]})
+    x_top = max([1, *(hi for _, hi, _, _ in boxes), *totals[kept | rejected].tolist()])
+    y_top = max([1, *(hi for _, _, _, hi in boxes), *vision[kept | rejected].tolist()])
+    if kept.any():
+        counts, xs, ys = np.histogram2d(
+            totals[kept], vision[kept], bins=(_symlog_edges(x_top, 80), _symlog_edges(y_top, 60))
+        )
+        mesh = samples.pcolormesh(xs, ys, np.ma.masked_equal(counts.T, 0), cmap="Blues", norm="log")
+        fig.colorbar(mesh, ax=samples, label=f"samples in a bucket ({int(kept.sum()):,})")
+    if rejected.any():
+        samples.scatter(
+            totals[rejected],
+            vision[rejected],
+            s=8,
+            marker="x",
+            color="#c44e52",
+            label=f"rejected ({int(rejected.sum()):,})",
+        )
+    for k, (l_lo, l_hi, v_lo, v_hi) in enumerate(boxes):
+        samples.add_patch(
+            plt.Rectangle(
+                (l_lo, v_lo), l_hi - l_lo, v_hi - v_lo, fill=False, edgecolor="#dd8452", lw=1.2,
+                label="buckets" if k == 0 else None,
+            )
+        )  # fmt: skip
+        samples.annotate(str(k), (l_hi, v_hi), fontsize="x-small", ha="right", va="top", color="#dd8452")
+    if invalid:
+        samples.plot([], [], " ", label=f"invalid rows, no length ({invalid:,})")  # a legend entry only
+    # most samples are short: both axes linear up to LINEAR_TOKENS, logarithmic above
+    samples.set_xscale("symlog", linthresh=LINEAR_TOKENS)
+    samples.set_yscale("symlog", linthresh=LINEAR_TOKENS)
+    samples.set(
+        xlim=(0, x_top * 1.1),
+        ylim=(0, y_top * 1.1),
+        xlabel="L_total (tokens)",
+        ylabel="image tokens",
+        title=f"{len(manifest):,} samples, {len(plan.buckets)} 2D buckets",
+    )
+    samples.legend(fontsize="small", loc="upper left")
+    names = [f"{b.bound:,}/{b.vision_bound:,}" for b in plan.buckets]
+    _peaks(memory, plan, names, "bucket bounds (tokens/image tokens)")
     fig.tight_layout()
     return fig
 

@@ -8,6 +8,10 @@ report wrote (NOTE [ Report folder ] in :mod:`tokenbucket.monitor.report`).
 
 Risk, in the table and the plots, is a batch's predicted peak memory / the plan's budget (NOTE
 [ Risk ] in :mod:`tokenbucket.monitor.report`).
+
+A 2D run (its buckets bound image tokens too) shows each bucket's two bounds in the table, then
+its buckets as a grid, a row per length bound and a column per image-token bound (``grid`` in
+``--json``; NOTE [ The 2D report grid ] in :mod:`tokenbucket.monitor._grid`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from pathlib import Path
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cli._common import progress_from_args
-from tokenbucket.monitor.report import check_report_dir, read_events, write_report
+from tokenbucket.monitor._grid import format_grid
+from tokenbucket.monitor.report import check_report_dir, read_events, run_grid, write_report
 from tokenbucket.monitor.stats import format_summary, summarize_events
 
 __all__ = ["EXAMPLE", "add_arguments", "run"]
@@ -38,7 +43,11 @@ about 1 / drift (0.9 for a model 10 % low); above 1.0 it hides batches that may 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = f"{parser.description}\n\n{RISK_HELP}"
     parser.add_argument("run", type=Path, help="the monitor's RUN.jsonl")
-    parser.add_argument("--json", action="store_true", help="print the per-bucket rows as one JSON object")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the per-bucket rows as one JSON object (a 2D run's also its bucket grid, under 'grid')",
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -65,19 +74,19 @@ def run(args: argparse.Namespace) -> int:
         )
     rows = summarize_events(log.events)
     counts = log.counts()
+    grid = run_grid(log, rows)  # None for a 1D run, whose output stays as it was
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "buckets": rows,
-                    "events": counts,
-                    "partial_last_line": log.partial_last_line,
-                    "skipped_lines": list(log.skipped_lines),
-                }
-            )
-        )
+        out = {
+            "buckets": rows,
+            "events": counts,
+            "partial_last_line": log.partial_last_line,
+            "skipped_lines": list(log.skipped_lines),
+        }
+        print(json.dumps(out if grid is None else {**out, "grid": grid}))
     else:
         print(format_summary(rows))
+        if grid is not None:
+            print(f"\n{format_grid(grid)}\n")
         print(f"events: {len(log.of('step')):,} steps, " + ", ".join(f"{k} {n:,}" for k, n in counts.items()))
     if args.out is not None:
         files = write_report(log, args.out, progress=progress_from_args(args))

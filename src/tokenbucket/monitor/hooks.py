@@ -12,7 +12,8 @@ Events (one dict each, to every sink; JSON-ready):
 * ``start``: ``budget_bytes``, ``risk_threshold``, ``drift_margin``, ``plan_mode``, ``gpu`` (the
   cost model's GPU name, or ``None``),
   ``step_time`` (the cost model's :class:`~tokenbucket.cost.step_time.StepTime`, or ``None``), ``buckets``
-  (``bucket``, ``bound``, ``batch_size``, ``predicted_peak_bytes`` each).
+  (``bucket``, ``bound``, ``batch_size``, ``predicted_peak_bytes`` each, and in a 2D plan
+  ``vision_bound``: NOTE [ Two-dimensional buckets ]).
 * ``step``: ``step``, ``bucket``, ``rows``, ``length``, ``real_tokens``, ``padded_tokens``,
   ``latency_s``, ``tokens_per_s`` (real tokens), ``predicted_bytes``, ``measured_bytes`` and
   ``reserved_bytes`` (``torch.cuda.max_memory_allocated`` / ``_reserved`` since the step began;
@@ -20,7 +21,8 @@ Events (one dict each, to every sink; JSON-ready):
   cost model that counts FLOPs ``flops`` (training FLOPs at the step's shape) and
   ``predicted_s`` (its predicted seconds; ``None`` without a GPU), which ``tokenbucket
   calibrate`` fits (NOTE [ Calibration fit ]); ``compiles``: frames TorchDynamo compiled during
-  the step (:func:`~tokenbucket.train.warmup.compile_count`; after a static plan's warm-up, 0).
+  the step (:func:`~tokenbucket.train.warmup.compile_count`; after a static plan's warm-up, 0);
+  in a 2D plan ``vision_bound``, the bucket's image-token bound (FLOPs and seconds are at it).
 * ``risk``: a batch above ``risk_threshold``: ``keys``, ``tokens`` by modality, ``cameras``.
 * ``oom``: an out-of-memory error: the batch's ``keys``, ``tokens``, ``cameras``, ``policy``,
   ``message`` (and ``replay`` when its keys went to the replay file).
@@ -45,16 +47,18 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import torch
 
 from tokenbucket._exceptions import ConfigError, OOMRiskWarning, PlanDriftWarning, StateError
+from tokenbucket.monitor._split import check_vision_cost, split_batch
 from tokenbucket.monitor.report import _is_cut
 from tokenbucket.monitor.sinks import JsonlSink, append_line
 from tokenbucket.monitor.stats import RunStats
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.bucket_plan import BucketPlan
+from tokenbucket.plan.buckets_2d import SupportsCost2D
 from tokenbucket.train.batch import BatchInfo
 from tokenbucket.train.risk import check_risk_options
 from tokenbucket.train.sampler import state_count
@@ -103,43 +107,7 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
-# -- splitting a batch -------------------------------------------------------------------------
-
-
-def split_batch(
-    batch: Mapping[str, Any], parts: int, *, cost_model: PredictsMemory | None = None
-) -> list[dict[str, Any]]:
-    """Cut a :class:`~tokenbucket.train.collate.BucketCollate` (or ``StreamCollate``) batch into ``parts`` batches of its real rows.
-
-    Empty rows are left out. Tensors whose first dimension is the batch's rows are sliced, and
-    those shaped ``[rows, length, ...]`` trimmed to the part's longest sample; ``layout`` and
-    ``keys`` are sliced; ``info`` becomes the part's :meth:`~tokenbucket.train.collate.BatchInfo.subset`
-    (re-predicted with ``cost_model`` when given).
-    """
-    info = batch["info"]
-    n = len(info.keys)
-    if n and len(info.lengths) != n:
-        raise ConfigError("this batch's info has no per-row lengths; give guard() a split_fn for your batch type")
-    rows, length = info.shape
-    size = max(1, -(-n // parts))
-    out = []
-    for start in range(0, n, size):
-        part_rows = list(range(start, min(n, start + size)))
-        longest = max(info.lengths[r] for r in part_rows)
-        peak = None if cost_model is None else int(cost_model.memory(len(part_rows), longest).total)
-        part: dict[str, Any] = {}
-        for key, value in batch.items():
-            if key == "info":
-                part[key] = info.subset(part_rows, length=longest, predicted_peak_bytes=peak)
-            elif key in ("layout", "keys"):  # one entry per real row (BucketCollate, StreamCollate)
-                part[key] = [value[r] for r in part_rows]
-            elif isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == rows:
-                t = value[start : start + len(part_rows)]
-                part[key] = t[:, :longest] if t.ndim >= 2 and value.shape[1] == length else t
-            else:
-                part[key] = value
-        out.append(part)
-    return out
+# -- the replay file ----------------------------------------------------------------------------
 
 
 def read_replay(path: str | Path) -> list[dict[str, Any]]:
@@ -200,7 +168,8 @@ class BucketMonitor:
             the ones flagged; going above 1 silences real warnings.
         drift_margin: measured / predicted may exceed 1 by this much before a drift warning.
         memory: ``"auto"`` (CUDA peaks when CUDA is available), a :class:`MemoryReader`, or ``None``.
-        cost_model: re-predicts the parts of a split batch and suggests batch sizes after drift.
+        cost_model: re-predicts the parts of a split batch and suggests batch sizes after drift;
+            for a 2D plan it must price image tokens (``vision=``: a ``StagedLengthModel``).
         data: the :class:`~tokenbucket.train.collate.TokenBucketDataset`, for per-camera tokens in OOM events.
         replay_path: where a guard writes the keys it did not train (default: the first JSONL
             sink's path with ``.replay.jsonl``).
@@ -227,6 +196,8 @@ class BucketMonitor:
         check_risk_options(risk_threshold, "warn")
         if not drift_margin >= 0:
             raise ConfigError(f"drift_margin should be a non-negative number, but got drift_margin={drift_margin!r}")
+        if plan.two_d and cost_model is not None:
+            check_vision_cost(cost_model)
         self.plan, self.cost_model, self.data = plan, cost_model, data
         self.budget_bytes = int(plan.budget_bytes)
         self.risk_threshold, self.drift_margin = float(risk_threshold), float(drift_margin)
@@ -253,7 +224,7 @@ class BucketMonitor:
         self._info: BatchInfo | None = None
         self._start = 0.0
         self._events: tuple[Any, Any] | None = None
-        self._times: dict[tuple[int, int], dict[str, float | None]] = {}
+        self._times: dict[tuple[int, int, int | None], dict[str, float | None]] = {}
         self._compiles = 0
         self._emit(
             {
@@ -269,6 +240,8 @@ class BucketMonitor:
                     {
                         "bucket": k,
                         "bound": b.bound,
+                        # NOTE [ The 2D report grid ]: a 2D bucket is placed by both bounds
+                        **({"vision_bound": b.vision_bound} if b.vision_bound is not None else {}),
                         "batch_size": b.batch_size,
                         "predicted_peak_bytes": b.predicted_peak_bytes,
                     }
@@ -371,28 +344,31 @@ class BucketMonitor:
                 "measured_bytes": measured,
                 "reserved_bytes": reserved,
                 "risk": info.risk,
-                **self._predicted_time(info.shape[0], info.shape[1]),
+                **self._predicted_time(info.shape[0], info.shape[1], info.vision_bound),
                 "compiles": compile_count() - self._compiles,
             }
+            if info.vision_bound is not None:
+                event["vision_bound"] = info.vision_bound
             for sink in self.sinks:
                 sink(event)
         if measured is not None:
             self._check_drift(info.bucket, measured / info.predicted_peak_bytes, step)
 
-    def _predicted_time(self, rows: int, length: int) -> dict[str, float | None]:
-        """``flops`` (training FLOPs at the step's shape) and ``predicted_s`` for the log, which
-        ``tokenbucket calibrate`` fits (NOTE [ Calibration fit ]); empty without a cost model
-        that counts FLOPs."""
-        key = (rows, length)
+    def _predicted_time(self, rows: int, length: int, vision: int | None = None) -> dict[str, float | None]:
+        """``flops`` (training FLOPs at the step's shape, a 2D bucket's at its ``vision`` bound) and
+        ``predicted_s`` for the log, which ``tokenbucket calibrate`` fits (NOTE [ Calibration fit ]);
+        empty without a cost model that counts FLOPs."""
+        key = (rows, length, vision)
         if key not in self._times:
             cost: Any = self.cost_model
             if cost is None or not hasattr(cost, "flops") or rows < 1 or length < 1:
                 self._times[key] = {}
             else:
                 timed = getattr(cost, "gpu", None) is not None or getattr(cost, "step_time", None) is not None
+                shape = (rows, length) if vision is None else (rows, length, min(vision, length))
                 self._times[key] = {
-                    "flops": float(cost.flops(rows, length).training),
-                    "predicted_s": float(cost.step_seconds(rows, length)) if timed else None,
+                    "flops": float(cost.flops(*shape).training),
+                    "predicted_s": float(cost.step_seconds(*shape)) if timed else None,
                 }
         return self._times[key]
 
@@ -447,10 +423,14 @@ class BucketMonitor:
             "advice": self._advice(factor),
         }
         if self.cost_model is not None and self.plan.mode == "static":
+            budget, cost = int(self.budget_bytes / factor), self.cost_model
             out["batch_sizes"] = {
                 k: {
                     "planned": b.batch_size,
-                    "suggested": self.cost_model.max_batch(b.bound, int(self.budget_bytes / factor)),
+                    # a 2D bucket at its image-token bound too (NOTE [ Two-dimensional buckets ])
+                    "suggested": cost.max_batch(b.bound, budget)
+                    if b.vision_bound is None
+                    else cast(SupportsCost2D, cost).max_batch(b.bound, budget, b.vision_bound),
                 }
                 for k, b in enumerate(self.plan.buckets)
             }

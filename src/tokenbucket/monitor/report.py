@@ -6,7 +6,8 @@
 The plots: step latency per bucket (a box per bucket), predicted vs measured peak per step, risk
 per step against the threshold, real tokens/s per bucket, and per bucket the peak memory
 (predicted, and measured where the run had a memory reader) as bars against the budget beside
-the median step time (:func:`bucket_figure`).
+the median step time (:func:`bucket_figure`). A 2D run's page also lays its buckets out by their
+two bounds (:func:`run_grid`, NOTE [ The 2D report grid ]).
 
 NOTE [ Risk ]
 A batch's risk is its predicted peak memory / the plan's budget (``budget_bytes``, already about 10 %
@@ -48,7 +49,8 @@ from typing import TYPE_CHECKING, Any
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket._progress import progress as progress_bar
-from tokenbucket.monitor.stats import event_problem, summarize_events
+from tokenbucket.monitor._grid import bucket_grid, grid_html
+from tokenbucket.monitor.stats import bucket_bounds_2d, event_problem, summarize_events
 
 if TYPE_CHECKING:  # matplotlib is the optional `plot` extra: imported only by pyplot()
     from matplotlib.axes import Axes
@@ -64,6 +66,7 @@ __all__ = [
     "pyplot",
     "read_events",
     "report_figures",
+    "run_grid",
     "write_report",
 ]
 
@@ -323,6 +326,13 @@ def _budget_bytes(log: RunLog) -> float | None:
     return None
 
 
+def run_grid(log: RunLog, rows: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """A 2D run's buckets by their two bounds (NOTE [ The 2D report grid ]), from its first start
+    event; ``None`` for a 1D run. ``rows``: :func:`summarize_events` of the log's events."""
+    rows = summarize_events(log.events) if rows is None else rows
+    return bucket_grid(bucket_bounds_2d(log.start()), rows, _budget_bytes(log))
+
+
 def bucket_figure(log: RunLog, rows: list[dict[str, Any]] | None = None) -> Figure:
     """Per bucket, two panels: the peak memory as bars against the budget (a horizontal line),
     and the median step time.
@@ -508,6 +518,8 @@ def write_report(log: RunLog, out_dir: str | os.PathLike[str], *, progress: bool
     table = "<tr>" + "".join(f"<th>{html.escape(_heading(h))}</th>" for h in heads) + "</tr>"
     table += "".join("<tr>" + "".join(f"<td>{_cell(h, r.get(h))}</td>" for h in heads) + "</tr>" for r in rows)
     counts = ", ".join(f"{kind} {n:,}" for kind, n in log.counts().items())
+    grid = run_grid(log, rows)
+    grid_part = "" if grid is None else grid_html(grid)  # a 2D run's buckets by both bounds
     note = (
         f"<p><b>Line(s) {', '.join(map(str, log.skipped_lines))} of the log were cut short (killed run?) "
         "and were skipped.</b></p>"
@@ -523,7 +535,7 @@ def write_report(log: RunLog, out_dir: str | os.PathLike[str], *, progress: bool
         f'<!doctype html><html><head><meta charset="utf-8">{_HTML_MARK.decode()}<title>{title}</title><style>'
         "body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
         "table{border-collapse:collapse}tr:nth-child(even){background:#f2f2f2}img{max-width:48%}"
-        f"</style></head><body><h1>{title}</h1>{note}<table>{table}</table>"
+        f"</style></head><body><h1>{title}</h1>{note}<table>{table}</table>{grid_part}"
         f"<p>events: {len(log.of('step')):,} steps, {counts}</p>{images}</body></html>\n"
     )
     try:

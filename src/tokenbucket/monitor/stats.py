@@ -10,7 +10,7 @@ from typing import Any
 
 from tokenbucket._exceptions import ConfigError
 
-__all__ = ["EVENT_FIELDS", "RunStats", "event_problem", "format_summary", "summarize_events"]
+__all__ = ["EVENT_FIELDS", "RunStats", "bucket_bounds_2d", "event_problem", "format_summary", "summarize_events"]
 
 # NOTE [ Event fields ]
 # The fields a run log's events must carry for the report: (name, kind, required) per event type.
@@ -20,6 +20,9 @@ __all__ = ["EVENT_FIELDS", "RunStats", "event_problem", "format_summary", "summa
 # lines on the risk plot; ``rows``, ``length``, ``flops`` and ``predicted_s`` are what
 # ``tokenbucket calibrate`` reads (NOTE [ Calibration fit ]). Fields not listed (``time``,
 # ``tokens_per_s``, ...) are not read. ``count``: an integer >= 0; ``amount``: a finite number >= 0; both below 2**63.
+# A 2D run's start event (a bucket of its ``buckets`` has a ``vision_bound``) must give every
+# bucket a ``bucket``, ``bound`` and ``vision_bound`` count: the report places each bucket by
+# both bounds (NOTE [ The 2D report grid ]); a 1D start's buckets are not read here.
 EVENT_FIELDS: dict[str, tuple[tuple[str, str, bool], ...]] = {
     "step": (
         ("step", "count", True),
@@ -62,6 +65,10 @@ def event_problem(event: Mapping[str, object]) -> str | None:
         True
     """
     kind = event.get("event")
+    if kind == "start":
+        problem = _buckets_problem(event.get("buckets"))
+        if problem is not None:
+            return problem
     fields = EVENT_FIELDS.get(kind, ()) if isinstance(kind, str) else ()
     for name, value_kind, required in fields:
         value = event.get(name)
@@ -71,9 +78,51 @@ def event_problem(event: Mapping[str, object]) -> str | None:
             needed = ", ".join(n for n, _, r in fields if r)
             return f"the {kind} event has no {name!r} field (it needs {needed})"
         what = "an integer >= 0" if value_kind == "count" else "a finite number >= 0"
-        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        return f"the {kind} event's {name!r} should be {what} below 2**63, but got {name}={shown}"
+        return f"the {kind} event's {name!r} should be {what} below 2**63, but got {name}={_shown(value)}"
     return None
+
+
+def _shown(value: object) -> str:
+    return repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+
+
+def _is_2d(buckets: list[object]) -> bool:
+    """Whether a start event's ``buckets`` are a 2D plan's: one of them has a ``vision_bound``."""
+    return any(isinstance(b, dict) and b.get("vision_bound") is not None for b in buckets)
+
+
+def _buckets_problem(buckets: object) -> str | None:
+    """What keeps a 2D start event's ``buckets`` from being read (NOTE [ Event fields ]), or ``None``."""
+    if not isinstance(buckets, list) or not _is_2d(buckets):
+        return None
+    for i, b in enumerate(buckets):
+        if not isinstance(b, dict):
+            return f"the start event's buckets[{i}] should be an object, but got {_shown(b)}"
+        for name in ("bucket", "bound", "vision_bound"):
+            value = b.get(name)
+            if _fits(value, "count"):
+                continue
+            if value is None:
+                why = " (a 2D plan bounds every bucket's image tokens)" if name == "vision_bound" else ""
+                return f"the start event's buckets[{i}] has no {name!r}{why}"
+            return f"the start event's buckets[{i}][{name!r}] should be an integer >= 0 below 2**63, but got {_shown(value)}"
+    return None
+
+
+def bucket_bounds_2d(start: Mapping[str, object]) -> dict[int, tuple[int, int]]:
+    """Each bucket's ``(bound, vision_bound)`` from a 2D run's ``start`` event, by bucket index;
+    ``{}`` for a 1D run, a start without buckets, or buckets :func:`event_problem` refuses.
+
+    Example:
+        >>> bucket_bounds_2d({"event": "start", "buckets": [{"bucket": 0, "bound": 512, "vision_bound": 256}]})
+        {0: (512, 256)}
+        >>> bucket_bounds_2d({"event": "start", "buckets": [{"bucket": 0, "bound": 512}]})
+        {}
+    """
+    buckets = start.get("buckets")
+    if not isinstance(buckets, list) or not _is_2d(buckets) or _buckets_problem(buckets) is not None:
+        return {}
+    return {int(b["bucket"]): (int(b["bound"]), int(b["vision_bound"])) for b in buckets}
 
 
 # NOTE [ Latency histogram ]
@@ -119,6 +168,8 @@ class RunStats:
 
     def __init__(self) -> None:
         self.buckets: dict[int, _Bucket] = {}
+        # a 2D run's (bound, vision_bound) per bucket, from its first start event; not state: the plan's
+        self.bounds: dict[int, tuple[int, int]] = {}
 
     def _bucket(self, k: int) -> _Bucket:
         b = self.buckets.get(k)
@@ -143,6 +194,8 @@ class RunStats:
             self._bucket(event["bucket"]).ooms += 1
         elif kind == "risk":
             self._bucket(event["bucket"]).risky += 1
+        elif kind == "start" and not self.bounds:
+            self.bounds = bucket_bounds_2d(event)
 
     def add_step(
         self,
@@ -177,13 +230,16 @@ class RunStats:
                 b.max_ratio = ratio if b.max_ratio is None else max(b.max_ratio, ratio)
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per bucket seen, by bucket (the keys :func:`format_summary` prints)."""
+        """One dict per bucket seen, by bucket (the keys :func:`format_summary` prints); a 2D run's
+        also carry the bucket's ``bound`` and ``vision_bound`` (``None`` for a bucket the plan lacks)."""
         out = []
         for k in sorted(self.buckets):
             b = self.buckets[k]
+            bounds = self.bounds.get(k, (None, None))
             out.append(
                 {
                     "bucket": k,
+                    **({"bound": bounds[0], "vision_bound": bounds[1]} if self.bounds else {}),
                     "steps": b.steps,
                     # NOTE [ Latency histogram ]: percentiles within 1 %, capped by the exact maximum
                     "latency_p50_s": min(_percentile(b.latency_bins, b.steps, 50), b.latency_max) if b.steps else None,
@@ -246,8 +302,18 @@ def format_summary(rows: Sequence[Mapping[str, Any]]) -> str:
     def size(v: int | None) -> str:
         return "-" if v is None else f"{v / scale:.2f}"
 
+    # a 2D run's rows name both bounds of their bucket (NOTE [ The 2D report grid ])
+    two_d = any("vision_bound" in r for r in rows)
+
+    def bounds(r: Mapping[str, Any]) -> str:
+        if not two_d:
+            return ""
+        return "".join(f"{'-' if r.get(k) is None else f'{r[k]:,}':>8} " for k in ("bound", "vision_bound"))
+
     head = (
-        f"{'bucket':>6} {'steps':>6} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'tokens/s':>10} {'pad eff':>7} "
+        f"{'bucket':>6} "
+        + (f"{'bound':>8} {'images':>8} " if two_d else "")
+        + f"{'steps':>6} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'tokens/s':>10} {'pad eff':>7} "
         f"{'pred ' + unit:>8} {'meas ' + unit:>8} {'max risk':>8} {'drift':>6} {'risky':>5} {'ooms':>4}"
     )
     lines = [head]
@@ -256,7 +322,7 @@ def format_summary(rows: Sequence[Mapping[str, Any]]) -> str:
         eff = "-" if r.get("padding_efficiency") is None else f"{r['padding_efficiency']:.3f}"
         drift = "-" if r["drift_ratio"] is None else f"{r['drift_ratio']:.3f}"
         lines.append(
-            f"{r['bucket']:>6} {r['steps']:>6} {ms(r['latency_p50_s']):>8} {ms(r['latency_p95_s']):>8} "
+            f"{r['bucket']:>6} {bounds(r)}{r['steps']:>6} {ms(r['latency_p50_s']):>8} {ms(r['latency_p95_s']):>8} "
             f"{ms(r['latency_max_s']):>8} {tps:>10} {eff:>7} {size(r['predicted_peak_bytes']):>8} "
             f"{size(r['measured_peak_bytes']):>8} {r['max_risk']:>8.3f} {drift:>6} "
             f"{r.get('risky_batches', 0):>5} {r['ooms']:>4}"
