@@ -18,6 +18,20 @@ raw (the model's ``resize`` turns it into the breakdown's tokens); an image of a
 taken as already resized and must give the breakdown's spatial tokens as it is (``ceil(H/p)`` x
 ``ceil(W/p)`` patches, merged ``merge x merge``). The patches layout cuts pixels as they are, so
 there ``H`` and ``W`` must be multiples of the patch (and the patch grid of the merge).
+
+NOTE [ Patch stream of a 2D bucket ]
+A 2D bucket bounds each sample's image tokens by ``vision_bound``
+(NOTE [ Two-dimensional buckets ]), and each image token is ``merge²`` patches, so a static
+batch of ``rows`` rows holds at most ``rows x vision_bound x merge²`` patches (special tokens
+count as image tokens but have no patches; empty rows have none). The patches layout pads ``pixel_values`` with zero rows to
+that bound, so every batch of a bucket hands the tower one shape, as ``(rows, bound)`` does the
+LLM; ``patch_mask`` marks the real patches, which come first. ``image_grid_thw``,
+``cu_seqlens`` and ``image_rows`` describe the real images only (a model that derives positions
+from the grid takes ``pixel_values[patch_mask]``). The bound needs one merge for every camera,
+and a row holding more patches than ``vision_bound x merge²`` means its metadata disagrees with
+its pixels: both are refused. A batch of a bucket with ``vision_bound > 0`` that holds no image
+gets the padded stream too (its width from an image of the bucket). 1D and dynamic plans, and
+the stacked layout (padded to the batch's largest), are not padded this way.
 """
 
 from __future__ import annotations
@@ -36,6 +50,7 @@ from tokenbucket.tokens.breakdown import CameraTokens, TokenBreakdown
 from tokenbucket.tokens.spec import CameraSpec
 from tokenbucket.train._keys import ABSENT, collate_other, to_tensor
 from tokenbucket.train.batch import Batch, EmptyRow, pad_rows
+from tokenbucket.train.risk import PredictsMemory2D
 from tokenbucket.train.sampler import position_of
 from tokenbucket.train.shaping import BatchShape, ShapedData
 
@@ -105,7 +120,12 @@ class ModalityCollate:
       ``[N, C·t·p·p]`` (p, t: the camera spec's ``patch`` and ``tubelet``; Qwen2-VL's patch order,
       merge windows together), ``image_grid_thw`` ``[images, 3]`` (in patches),
       ``cu_seqlens`` int32 ``[images + 1]`` (per image; Qwen2-VL derives its per-frame windows
-      from the grid), ``image_rows`` ``[images]`` (each image's row), ``camera_keys``.
+      from the grid), ``image_rows`` ``[images]`` (each image's row), ``camera_keys``. A 2D
+      static bucket pads ``pixel_values`` with zero rows to ``rows x vision_bound x merge²``
+      and adds ``patch_mask`` bool ``[N]`` (True on the real patches, which come first);
+      ``image_grid_thw``, ``cu_seqlens`` and ``image_rows`` keep describing the real images
+      only (NOTE [ Patch stream of a 2D bucket ]). The stacked layout pads to the batch's
+      largest, in a 2D plan too.
     - ``input_ids`` ``[B, L]`` (``pad_id``), ``attention_mask`` ``[B, L]``, ``labels`` ``[B, L]``
       (``label_pad_id``; the ids where the item has no labels and ``make_labels``).
     - the state key stacked (``<key>_mask`` where its first dim is ragged) and the action key
@@ -139,7 +159,7 @@ class ModalityCollate:
         pad_id: int = 0,
         label_pad_id: int = -100,
         make_labels: bool = True,
-        cost_model: PredictsMemory | None = None,
+        cost_model: PredictsMemory | PredictsMemory2D | None = None,
         risk_threshold: float = 1.0,
         on_risk: str = "warn",
     ) -> None:
@@ -152,6 +172,9 @@ class ModalityCollate:
         self.pad_id, self.label_pad_id, self.make_labels = int(pad_id), int(label_pad_id), make_labels
         self.shape = BatchShape(data, cost_model=cost_model, risk_threshold=risk_threshold, on_risk=on_risk)
         self._templates: dict[int, tuple[int, Mapping[str, object]]] = {}
+        self._image_templates: dict[int, tuple[int, Mapping[str, object]] | None] = {}
+        if layout == "patches" and data.plan.mode == "static" and data.plan.two_d:
+            self._merge()  # NOTE [ Patch stream of a 2D bucket ]: one merge, checked now
 
     def __call__(self, batch: Sequence[tuple[int, object]]) -> Batch:
         data = self.data
@@ -164,7 +187,7 @@ class ModalityCollate:
         parsed = [self._row(i, item) for i, item in real] or [self._row(*self._template(bucket))]
         n_real = len(real)
         out = Batch()
-        used = self._vision(out, parsed, n_real, rows)
+        used = self._vision(out, parsed, n_real, rows, bucket)
         used |= self._text(out, parsed, n_real, rows, length)
         used |= self._state_action(out, parsed, n_real, rows)
         reserved = set(out) | {"index", "row_mask", "info", "meta"}
@@ -194,6 +217,39 @@ class ModalityCollate:
             self._templates[bucket] = (i, _mapping(i, item, self.data.key(i)))
         return self._templates[bucket]
 
+    def _image_template(self, bucket: int) -> tuple[int, Mapping[str, object]] | None:
+        """A real sample of ``bucket`` with an image (None if it has none), read once per bucket."""
+        if bucket not in self._image_templates:
+            found = None
+            for i in np.flatnonzero(self.data.buckets == bucket).tolist():
+                if any(not cam.empty_slot for cam in self.data.breakdown(i).cameras):
+                    _, item = self.data[i]
+                    found = (i, _mapping(i, item, self.data.key(i)))
+                    break
+            self._image_templates[bucket] = found
+        return self._image_templates[bucket]
+
+    def _merge(self) -> int:
+        """The one merge of every camera, which a 2D bucket's patch bound needs."""
+        spec = self.data.spec
+        merges = {name: spec.camera_spec(name).merge for name in spec.overrides}
+        other = {name: m for name, m in merges.items() if m != spec.merge}
+        if other:
+            name, m = next(iter(other.items()))
+            raise ConfigError(
+                f"2D patch padding needs one merge for every camera (NOTE [ Patch stream of a 2D bucket ]), "
+                f"but the spec merges {spec.merge} and overrides[{name!r}] merges {m}; use one merge, or layout='stacked'"
+            )
+        return spec.merge
+
+    def _patch_bound(self, bucket: int, rows: int) -> tuple[int, int] | None:
+        """``(vision_bound, patches)`` a 2D static bucket's patch stream is padded to, else None."""
+        plan = self.data.plan
+        vision = plan.buckets[bucket].vision_bound
+        if plan.mode != "static" or vision is None:
+            return None
+        return vision, rows * vision * self._merge() ** 2
+
     def _row(self, index: int, item: object) -> _Row:
         key = self.data.key(index)
         item = _mapping(index, item, key)
@@ -220,15 +276,23 @@ class ModalityCollate:
 
     # -- vision --------------------------------------------------------------------------------
 
-    def _vision(self, out: Batch, parsed: list[_Row], n_real: int, rows: int) -> set[str]:
+    def _vision(self, out: Batch, parsed: list[_Row], n_real: int, rows: int, bucket: int) -> set[str]:
         used = {k for r in parsed for _, k in r.cameras}
+        plan = self.data.plan
+        if not used and plan.mode == "static" and plan.buckets[bucket].vision_bound:
+            # NOTE [ Patch stream of a 2D bucket ]: no image here, but the bucket's shape has patches
+            found = self._image_template(bucket)
+            template = self._row(*found) if found is not None else None
+            if template is not None and (self.layout == "patches" or self.keys.pixel_values in template.item):
+                self._patches(out, [*parsed, template], n_real, rows, bucket)
+                return set()
         if not used:  # no camera in the batch: nothing to read
             return set()
         qwen = any(self.keys.pixel_values in r.item for r in parsed)
         if qwen:
             used.add(self.keys.grid_thw)
         if self.layout == "patches" or qwen:
-            self._patches(out, parsed, n_real, rows)
+            self._patches(out, parsed, n_real, rows, bucket)
         else:
             self._stacked(out, parsed, n_real, rows)
         return used
@@ -291,7 +355,7 @@ class ModalityCollate:
         out["pixel_values"], out["camera_mask"], out["frame_mask"] = pixels, camera_mask, frame_mask
         out["image_sizes"], out["camera_keys"] = sizes, camera_keys
 
-    def _patches(self, out: Batch, parsed: list[_Row], n_real: int, rows: int) -> None:
+    def _patches(self, out: Batch, parsed: list[_Row], n_real: int, rows: int, bucket: int) -> None:
         images: list[_Image] = []
         for r, row in enumerate(parsed):
             if self.keys.pixel_values in row.item:
@@ -305,7 +369,13 @@ class ModalityCollate:
             raise ConfigError(f"the batch's patches differ in width {sorted(widths)} (C·t·p·p): one encoder takes one")
         real = [im for im in images if im.row < n_real]
         counts = [im.grid[0] * im.grid[1] * im.grid[2] for im in real]
-        pixels = torch.empty(sum(counts), widths.pop() if widths else 0, dtype=images[0].dtype if images else None)
+        total = sum(counts)
+        bound = self._patch_bound(bucket, rows)  # NOTE [ Patch stream of a 2D bucket ]
+        if bound is not None:
+            self._check_row_patches(parsed, real, counts, bucket, bound[0])
+        size = total if bound is None else bound[1]
+        pixels = torch.empty(size, widths.pop() if widths else 0, dtype=images[0].dtype if images else None)
+        pixels[total:] = 0
         start = 0
         for im, n in zip(real, counts, strict=True):
             if im.patches is not None:
@@ -319,10 +389,32 @@ class ModalityCollate:
         for im in real:
             camera_keys[im.row].append(im.key)
         out["pixel_values"] = pixels
+        if bound is not None:
+            out["patch_mask"] = torch.arange(size) < total
         out["image_grid_thw"] = torch.tensor([im.grid for im in real], dtype=torch.long).reshape(-1, 3)
         out["cu_seqlens"] = cu
         out["image_rows"] = torch.tensor([im.row for im in real], dtype=torch.long)
         out["camera_keys"] = camera_keys
+
+    def _check_row_patches(
+        self, parsed: list[_Row], real: list[_Image], counts: list[int], bucket: int, vision: int
+    ) -> None:
+        """Every row within its bucket's ``vision_bound x merge²`` patches (NOTE [ Patch stream of a 2D bucket ])."""
+        per_row: dict[int, int] = {}
+        for im, n in zip(real, counts, strict=True):
+            per_row[im.row] = per_row.get(im.row, 0) + n
+        merge = self._merge()
+        limit = vision * merge**2
+        over = [r for r, n in per_row.items() if n > limit]
+        if over:
+            named = ", ".join(
+                f"sample {parsed[r].index} (key {self.data.key(parsed[r].index)!r}, {per_row[r]} patches)" for r in over
+            )
+            raise ConfigError(
+                f"bucket {bucket} pads its patch stream to {limit} patches a row ({vision} image tokens x merge "
+                f"{merge}²), but {named} holds more: the plan's bound and the metadata disagree (a plan made from "
+                f"other metadata?)"
+            )
 
     def _grid(self, row: _Row, key: str, x: torch.Tensor, cam: CameraTokens, cs: CameraSpec) -> tuple[int, int, int]:
         """The ``(t, h, w)`` patch grid of frames ``x``; its patch count must be the breakdown's."""

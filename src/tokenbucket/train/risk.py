@@ -14,26 +14,85 @@ every batch it builds against ``risk_threshold`` and applies ``on_risk``:
   until each part is under the threshold or holds one sample. In static mode the split depends
   only on the bucket, so every batch of a bucket is cut into the same number of parts (short
   ones filled with empty rows) and ranks that step through the same bucket stay in step.
+
+A 2D plan's bucket (NOTE [ Two-dimensional buckets ]) is priced at its image-token bound too,
+``memory(rows, bound, vision_bound)``: priced by length alone, a staged model takes every token
+for an image token, and a text-only bucket would be flagged for memory it never uses. So a 2D
+plan needs a cost model whose ``memory`` takes ``vision=`` (:func:`prices_vision`).
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 import numpy as np
 from torch.utils.data import Sampler
 
 from tokenbucket._exceptions import ConfigError, OOMRiskError, OOMRiskWarning, StateError
-from tokenbucket.plan._search import PredictsMemory
+from tokenbucket.plan._search import MemoryTotal, PredictsMemory
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.train.batch import BatchInfo, BucketedData
 from tokenbucket.train.sampler import BucketBatchSampler, state_count
 
-__all__ = ["RISK_POLICIES", "OOMRiskError", "OOMRiskWarning", "RiskSplitSampler", "check_risk_options", "static_split"]
+__all__ = [
+    "RISK_POLICIES",
+    "OOMRiskError",
+    "OOMRiskWarning",
+    "PredictsMemory2D",
+    "RiskSplitSampler",
+    "bucket_peak",
+    "check_risk_options",
+    "check_vision_cost",
+    "prices_vision",
+    "static_split",
+]
 
 RISK_POLICIES = ("warn", "raise", "split")
+
+
+class PredictsMemory2D(Protocol):
+    """What the risk checks ask a 2D plan's cost model: the peak of a padded length whose samples
+    hold at most ``vision`` image tokens (``StagedLengthModel`` answers it)."""
+
+    def memory(self, batch: int, length: int, vision: int | None = None) -> MemoryTotal: ...
+
+
+def prices_vision(cost: object) -> TypeGuard[PredictsMemory2D]:
+    """Whether ``cost.memory`` takes ``vision=`` (the image tokens of a 2D bucket)."""
+    memory = getattr(cost, "memory", None)
+    if not callable(memory):
+        return False
+    try:
+        return "vision" in inspect.signature(memory).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+
+
+def check_vision_cost(plan: BucketPlan, cost_model: object) -> None:
+    """A 2D plan's cost model must price image tokens (NOTE [ Risk before the GPU ]); else a ConfigError."""
+    if plan.two_d and cost_model is not None and not prices_vision(cost_model):
+        raise ConfigError(
+            f"a 2D plan's buckets bound each sample's image tokens too (NOTE [ Two-dimensional buckets ]): "
+            f"cost_model should price them (memory taking vision=, a StagedLengthModel), but got "
+            f"{type(cost_model).__name__}; pass that model, or cost_model=None to use the plan's peaks"
+        )
+
+
+def bucket_peak(
+    plan: BucketPlan, cost_model: PredictsMemory | PredictsMemory2D, bucket: int, rows: int, length: int
+) -> int:
+    """The predicted peak of ``rows`` x ``length`` in ``bucket``: at its image-token bound in a 2D
+    plan (NOTE [ Risk before the GPU ]), by length alone in a 1D one."""
+    vision = plan.buckets[bucket].vision_bound
+    if vision is None:
+        return int(cost_model.memory(rows, length).total)
+    if prices_vision(cost_model):
+        return int(cost_model.memory(rows, length, min(vision, length)).total)
+    check_vision_cost(plan, cost_model)
+    raise AssertionError("a 2D bucket's cost model passed the vision check")
 
 
 def check_risk_options(risk_threshold: float, on_risk: str) -> None:
@@ -46,9 +105,12 @@ def check_risk_options(risk_threshold: float, on_risk: str) -> None:
         raise ConfigError(f"on_risk should be one of {RISK_POLICIES}, but got on_risk={on_risk!r}")
 
 
-def static_split(plan: BucketPlan, cost_model: PredictsMemory, bucket: int, risk_threshold: float) -> tuple[int, int]:
+def static_split(
+    plan: BucketPlan, cost_model: PredictsMemory | PredictsMemory2D, bucket: int, risk_threshold: float
+) -> tuple[int, int]:
     """``(parts, rows)``: a static batch of ``bucket`` halved until ``rows`` rows are under the
-    threshold (or one); ``parts`` is how many such parts the full batch takes.
+    threshold (or one); ``parts`` is how many such parts the full batch takes. A 2D bucket's
+    parts are priced at its image-token bound (NOTE [ Risk before the GPU ]).
 
     Example:
         >>> from tokenbucket import CostModel, ModelSpec
@@ -63,12 +125,14 @@ def static_split(plan: BucketPlan, cost_model: PredictsMemory, bucket: int, risk
     parts = 1
     while True:
         rows = -(-b.batch_size // parts)
-        if rows == 1 or cost_model.memory(rows, b.bound).total <= limit:
+        if rows == 1 or bucket_peak(plan, cost_model, bucket, rows, b.bound) <= limit:
             return -(-b.batch_size // rows), rows
         parts *= 2
 
 
-def _halves(batch: list[int], lengths: np.ndarray, cost_model: PredictsMemory, limit: float) -> list[list[int]]:
+def _halves(
+    batch: list[int], lengths: np.ndarray, cost_model: PredictsMemory | PredictsMemory2D, limit: float
+) -> list[list[int]]:
     # dynamic batches come from length-sorted pools: contiguous halves keep their lengths alike
     longest = int(lengths[batch].max())
     if len(batch) == 1 or cost_model.memory(len(batch), longest).total <= limit:
@@ -97,11 +161,12 @@ class RiskSplitSampler(Sampler[list[int]]):
         self,
         sampler: BucketBatchSampler,
         data: BucketedData,
-        cost_model: PredictsMemory,
+        cost_model: PredictsMemory | PredictsMemory2D,
         *,
         risk_threshold: float = 1.0,
     ) -> None:
         check_risk_options(risk_threshold, "split")
+        check_vision_cost(data.plan, cost_model)
         self.sampler, self.data, self.cost_model = sampler, data, cost_model
         self.risk_threshold = float(risk_threshold)
         self.plan = data.plan
@@ -198,8 +263,9 @@ def risk_message(info: BatchInfo, risk_threshold: float) -> str:
     """The report of a risky batch: bucket, shape, predicted peak, keys, tokens by modality and camera."""
     keys = list(info.keys[:8]) + (["..."] if len(info.keys) > 8 else [])
     cams = f", by camera {info.cameras}" if info.cameras else ""
+    images = f" (at most {info.vision_bound:,} image tokens a row)" if info.vision_bound is not None else ""
     return (
-        f"bucket {info.bucket} batch {info.shape[0]}x{info.shape[1]} is predicted at "
+        f"bucket {info.bucket} batch {info.shape[0]}x{info.shape[1]}{images} is predicted at "
         f"{_mib(info.predicted_peak_bytes)} = {info.risk:.2f} of the budget (threshold "
         f"{risk_threshold:g}); keys {keys}; tokens by modality {info.tokens}{cams}"
     )

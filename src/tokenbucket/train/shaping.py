@@ -3,8 +3,9 @@ for what every collate over a :class:`~tokenbucket.train.batch.BucketedData` doe
 
 Static plans pad to ``(batch_size, bound)`` of the bucket (the rows of a risk-split part with
 ``on_risk="split"``); dynamic ones to ``(len(batch), longest)``. The peak is the cost model's
-for that shape, else the plan's for the bucket; a batch above ``risk_threshold`` of the budget
-goes through NOTE [ Risk before the GPU ] (:mod:`tokenbucket.train.risk`).
+for that shape (a 2D bucket's at its image-token bound too), else the plan's for the bucket; a
+batch above ``risk_threshold`` of the budget goes through NOTE [ Risk before the GPU ]
+(:mod:`tokenbucket.train.risk`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ import torch
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.train.batch import BatchInfo, BucketedData, EmptyRow
-from tokenbucket.train.risk import apply_risk_policy, check_risk_options, static_split
+from tokenbucket.train.risk import (
+    PredictsMemory2D,
+    apply_risk_policy,
+    bucket_peak,
+    check_risk_options,
+    check_vision_cost,
+    static_split,
+)
 
 __all__ = ["BatchShape", "MetaValues", "ShapedData"]
 
@@ -43,7 +51,9 @@ class BatchShape:
 
     Args:
         data: the bucketed dataset.
-        cost_model: predicts the peak of a ``(rows, length)`` batch; else the plan's peak.
+        cost_model: predicts the peak of a ``(rows, length)`` batch, else the plan's peak is
+            used; a 2D plan's prices a bucket at its image-token bound too
+            (``memory(rows, length, vision_bound)``, a ``StagedLengthModel``).
         risk_threshold: predicted peak / budget above which ``on_risk`` applies.
         on_risk: ``"warn"``, ``"raise"`` or ``"split"``.
     """
@@ -52,11 +62,12 @@ class BatchShape:
         self,
         data: ShapedData,
         *,
-        cost_model: PredictsMemory | None = None,
+        cost_model: PredictsMemory | PredictsMemory2D | None = None,
         risk_threshold: float = 1.0,
         on_risk: str = "warn",
     ) -> None:
         check_risk_options(risk_threshold, on_risk)
+        check_vision_cost(data.plan, cost_model)
         self.data, self.cost_model = data, cost_model
         self.risk_threshold, self.on_risk = float(risk_threshold), on_risk
         self._split_rows: list[int] | None = None
@@ -110,8 +121,8 @@ class BatchShape:
         """The batch's :class:`BatchInfo`, after the risk policy (which may warn or raise);
         ``position``: the sampler's after this batch (NOTE [ Position through the workers ])."""
         data = self.data
-        peak = (
-            int(self.cost_model.memory(rows, length).total)
+        peak = (  # NOTE [ Risk before the GPU ]: a 2D bucket at its image-token bound
+            bucket_peak(data.plan, self.cost_model, bucket, rows, length)
             if self.cost_model is not None
             else data.plan.buckets[bucket].predicted_peak_bytes
         )
