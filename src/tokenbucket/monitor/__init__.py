@@ -1,7 +1,7 @@
 """monitor stage: per-bucket latency, memory and OOM risk while training, and the report after.
 
 hooks.py       BucketMonitor: step records, drift, the OOM guard
-_split.py      split_batch, and the check that a 2D plan's cost model prices image tokens
+_split.py      split_batch (a 2D bucket's parts priced at its image-token bound)
 _grid.py       a 2D run's buckets as a grid (report)
 stats.py       per-bucket aggregates (RunStats), summarize_events, format_summary
 sinks.py       JSONL, logging and TensorBoard sinks

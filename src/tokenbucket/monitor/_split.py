@@ -1,9 +1,8 @@
-"""Cutting a batch into parts (the OOM guard's ``split`` policy) and the check that a 2D plan's
-cost model prices image tokens; :mod:`tokenbucket.monitor.hooks` re-exports :func:`split_batch`."""
+"""Cutting a batch into parts (the OOM guard's ``split`` policy), a 2D bucket's parts priced at its
+image-token bound; :mod:`tokenbucket.monitor.hooks` re-exports :func:`split_batch`."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -12,23 +11,9 @@ import torch
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.buckets_2d import SupportsCost2D
+from tokenbucket.train.risk import prices_vision
 
-__all__ = ["check_vision_cost", "split_batch"]
-
-
-def check_vision_cost(cost: object) -> None:
-    """A 2D plan's cost model prices a shape by its image tokens too (``vision=``, as
-    :class:`~tokenbucket.cost.staged_length.StagedLengthModel` does); else a ConfigError."""
-    try:
-        ok = all("vision" in inspect.signature(getattr(cost, m)).parameters for m in ("memory", "max_batch"))
-    except (AttributeError, TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ConfigError(
-            "a 2D plan's buckets bound each sample's image tokens too (NOTE [ Two-dimensional buckets ]): the "
-            "monitor's cost_model should price them (memory and max_batch taking vision=, a StagedLengthModel), "
-            f"but got {type(cost).__name__}; pass that model, or cost_model=None"
-        )
+__all__ = ["split_batch"]
 
 
 def split_batch(
@@ -43,8 +28,11 @@ def split_batch(
     """
     info = batch["info"]
     vision = info.vision_bound
-    if vision is not None and cost_model is not None:
-        check_vision_cost(cost_model)
+    if vision is not None and cost_model is not None and not prices_vision(cost_model):
+        raise ConfigError(
+            f"this batch is of a 2D bucket (at most {vision:,} image tokens a row): split_batch's cost_model should "
+            f"take vision= (a StagedLengthModel), but got {type(cost_model).__name__}"
+        )
     n = len(info.keys)
     if n and len(info.lengths) != n:
         raise ConfigError("this batch's info has no per-row lengths; give guard() a split_fn for your batch type")

@@ -52,7 +52,7 @@ from typing import Any, Literal, Protocol, cast
 import torch
 
 from tokenbucket._exceptions import ConfigError, OOMRiskWarning, PlanDriftWarning, StateError
-from tokenbucket.monitor._split import check_vision_cost, split_batch
+from tokenbucket.monitor._split import split_batch
 from tokenbucket.monitor.report import _is_cut
 from tokenbucket.monitor.sinks import JsonlSink, append_line
 from tokenbucket.monitor.stats import RunStats
@@ -60,7 +60,7 @@ from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.plan.buckets_2d import SupportsCost2D
 from tokenbucket.train.batch import BatchInfo
-from tokenbucket.train.risk import check_risk_options
+from tokenbucket.train.risk import check_risk_options, check_vision_cost
 from tokenbucket.train.sampler import state_count
 from tokenbucket.train.warmup import compile_count
 
@@ -196,8 +196,7 @@ class BucketMonitor:
         check_risk_options(risk_threshold, "warn")
         if not drift_margin >= 0:
             raise ConfigError(f"drift_margin should be a non-negative number, but got drift_margin={drift_margin!r}")
-        if plan.two_d and cost_model is not None:
-            check_vision_cost(cost_model)
+        check_vision_cost(plan, cost_model, ("memory", "max_batch"))  # a 2D plan's model takes vision=
         self.plan, self.cost_model, self.data = plan, cost_model, data
         self.budget_bytes = int(plan.budget_bytes)
         self.risk_threshold, self.drift_margin = float(risk_threshold), float(drift_margin)

@@ -60,23 +60,28 @@ class PredictsMemory2D(Protocol):
     def memory(self, batch: int, length: int, vision: int | None = None) -> MemoryTotal: ...
 
 
-def prices_vision(cost: object) -> TypeGuard[PredictsMemory2D]:
-    """Whether ``cost.memory`` takes ``vision=`` (the image tokens of a 2D bucket)."""
-    memory = getattr(cost, "memory", None)
-    if not callable(memory):
-        return False
-    try:
-        return "vision" in inspect.signature(memory).parameters
-    except (TypeError, ValueError):  # a builtin without a signature
-        return False
+def prices_vision(cost: object, methods: tuple[str, ...] = ("memory",)) -> TypeGuard[PredictsMemory2D]:
+    """Whether each of ``cost``'s ``methods`` takes ``vision=`` (the image tokens of a 2D bucket)."""
+    for name in methods:
+        method = getattr(cost, name, None)
+        if not callable(method):
+            return False
+        try:
+            if "vision" not in inspect.signature(method).parameters:
+                return False
+        except (TypeError, ValueError):  # a builtin without a signature
+            return False
+    return True
 
 
-def check_vision_cost(plan: BucketPlan, cost_model: object) -> None:
-    """A 2D plan's cost model must price image tokens (NOTE [ Risk before the GPU ]); else a ConfigError."""
-    if plan.two_d and cost_model is not None and not prices_vision(cost_model):
+def check_vision_cost(plan: BucketPlan, cost_model: object, methods: tuple[str, ...] = ("memory",)) -> None:
+    """A 2D plan's cost model must price image tokens in each of ``methods`` (NOTE [ Risk before
+    the GPU ]); else a ConfigError. The monitor asks ``memory`` and ``max_batch``."""
+    if plan.two_d and cost_model is not None and not prices_vision(cost_model, methods):
+        asks = " and ".join(methods)
         raise ConfigError(
             f"a 2D plan's buckets bound each sample's image tokens too (NOTE [ Two-dimensional buckets ]): "
-            f"cost_model should price them (memory taking vision=, a StagedLengthModel), but got "
+            f"cost_model should price them ({asks} taking vision=, a StagedLengthModel), but got "
             f"{type(cost_model).__name__}; pass that model, or cost_model=None to use the plan's peaks"
         )
 
