@@ -216,6 +216,7 @@ def test_cli_plan_buckets_2d(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     for extra, message in (
         (["--mode", "dynamic"], "drop --mode dynamic"),
         (["--engine", "ray"], "drop --engine ray"),
+        (["--vision-share", "0.5"], "drop --vision-share"),
     ):
         assert cli_main([*argv, "--out", str(out), *extra]) == 2
         err = capsys.readouterr().err

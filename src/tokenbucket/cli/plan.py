@@ -514,6 +514,7 @@ def _check_2d(args: argparse.Namespace, staged: bool) -> None:
         ("--profile", args.profile is not None),
         ("--calibration", args.calibration is not None),
         ("--engine ray", args.engine == "ray"),
+        ("--vision-share", args.vision_share is not None),  # each bucket is priced at its own image-token bound
     ]
     given = [flag for flag, bad in refused if bad]
     if given:

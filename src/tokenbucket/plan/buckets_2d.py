@@ -147,8 +147,8 @@ def _level_costs(h: np.ndarray, bsz: np.ndarray, step: np.ndarray) -> np.ndarray
         batches = np.where(n > 0, np.ceil(n / np.maximum(bsz, 1)[None, None, :]), 0.0)
     cost = batches * step[None, None, :]
     cost = np.where((bsz[None, None, :] == 0) & (n > 0), np.inf, cost)
-    c = h.shape[1]
-    cost[:, np.tril_indices(c, -1)[0], np.tril_indices(c, -1)[1]] = np.inf
+    below = np.tril_indices(h.shape[1], -1)  # s > q: no level
+    cost[:, below[0], below[1]] = np.inf
     return cost
 
 
@@ -266,8 +266,7 @@ def plan_buckets_2d(
             return BucketPlan("static", budget_bytes, (), oversize, dict(meta or {}))
 
     cl = _compress(ln, max_candidates[0], multiple)
-    cl[-1] = max(int(ln.max()), min(int(cl[-1]), int(ln.max())))  # the top bound is the longest sample
-    cl = np.unique(cl)
+    cl[-1] = int(ln.max())  # the top bound is the longest sample (rounding up may not fit it alone)
     positive = vi[vi > 0]
     cv = _compress(positive, max_candidates[1], vm) if positive.size else np.zeros(0, np.int64)
     if positive.size:
