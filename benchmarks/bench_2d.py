@@ -10,11 +10,21 @@ H100-SXM (80 GB) at its default budget. For each shape count K:
 - ``1D, share``: :func:`tokenbucket.plan.buckets.plan_buckets` with the staged length model at
   the data's largest image share (what ``tokenbucket plan --hf-config`` does in 1D);
 - the per-sample sorted oracle (:func:`~tokenbucket.plan.buckets_2d.sorted_oracle`: sorted,
-  cut greedily, each batch padded to its own maxima, no shape limit; the better of two orders).
+  cut greedily, each batch padded to its own maxima, no shape limit; the better of two orders);
+- the peer, ``lhotse 2D bins``: lhotse's ``DynamicBucketingSampler`` with two-dimensional bins the
+  way NeMo sets it up (equal-count length bins, each cut into equal-count image-token sub-bins,
+  one fixed batch size per bin: the largest that fits at the bin's corner, which NeMo's
+  OOMptimizer finds on a GPU and the cost model gives here). For each K the best split
+  n_L x n_V = K over n_V in 1, 2, 4, 8 is shown (n_V = 1 is lhotse's 1D per-bucket sizes), twice:
+  each batch padded to its bin's batch size and corner (K shapes, like a tokenbucket static plan)
+  and padded to its own rows and maxima, as lhotse's collation does (its shapes are then the
+  distinct (rows, length, image tokens) it emits, each a recompile under ``torch.compile`` with
+  ``dynamic=False``). Needs ``pip install -e '.[bench]'``.
 
-"over budget" counts batches whose bucket, priced with its heaviest real member exactly (its own
+"over budget" counts, for a tokenbucket plan, batches whose bucket, priced with its heaviest real member exactly (its own
 images at their own size and its own text, ``batch_size`` copies), is over the budget: the check
-that the worst-sample rounding of NOTE [ Two-dimensional buckets ] holds for real samples.
+that the worst-sample rounding of NOTE [ Two-dimensional buckets ] holds for real samples; for
+the peer, batches over the budget at their own rows and maxima (the oracle's check).
 
     python benchmarks/bench_2d.py [--samples 50000] [--shapes 8 16 32]
 """
@@ -22,7 +32,9 @@ that the worst-sample rounding of NOTE [ Two-dimensional buckets ] holds for rea
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -32,7 +44,7 @@ from tokenbucket.cost.staged import Sample, StagedCostModel, TrainSetup
 from tokenbucket.cost.staged_length import StagedLengthModel
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.plan.buckets import plan_buckets
-from tokenbucket.plan.buckets_2d import plan_buckets_2d, sorted_oracle
+from tokenbucket.plan.buckets_2d import plan_buckets_2d, sorted_oracle, step_cost_2d
 from tokenbucket.testing import mixture_tv
 from tokenbucket.tokens.hf import token_spec_from_hf
 
@@ -54,6 +66,96 @@ def exact_over(
             worst = max(worst, cost.memory(b.batch_size, s).peak_bytes)
         over += b.batches if worst > budget else 0
     return over
+
+
+def split_bins(lengths: np.ndarray, vision: np.ndarray, n_len: int, n_vis: int) -> list[tuple[int, int]]:
+    """Two-dimensional bins as NeMo estimates them: ``n_len`` equal-count length bins, each cut
+    into ``n_vis`` equal-count image-token sub-bins; a bin is (its longest, its most image tokens),
+    sorted, and every sample is held by the first bin with both its counts at or under the bin's."""
+    bins: list[tuple[int, int]] = []
+    below = -1
+    for top in np.unique(np.quantile(lengths, np.linspace(0, 1, n_len + 1)[1:], method="higher")).tolist():
+        inside = vision[(lengths > below) & (lengths <= top)]
+        if inside.size:
+            tops = np.unique(np.quantile(inside, np.linspace(0, 1, n_vis + 1)[1:], method="higher"))
+            bins += [(int(top), int(v)) for v in tops.tolist()]
+        below = top
+    return bins
+
+
+def first_bin(bins: list[tuple[int, int]], length: int, vis: int) -> int:
+    """The first bin holding both counts (``len(bins)`` when none does)."""
+    return next((i for i, (top, v) in enumerate(bins) if length <= top and vis <= v), len(bins))
+
+
+def score_batches(
+    batches: Iterable[np.ndarray],
+    lengths: np.ndarray,
+    vision: np.ndarray,
+    cost: StagedLengthModel,
+    budget: int,
+    bins: list[tuple[int, int]] | None = None,
+    sizes: list[int] | None = None,
+) -> dict[str, float]:
+    """A sampler's batches: steps, predicted seconds, padding efficiency, distinct shapes and
+    batches over the budget. Each batch is padded to its own rows and maxima, or with ``bins``
+    and ``sizes`` to its bin's batch size and corner (one shape per bin, as a compiled step
+    wants). Every sample must come exactly once."""
+    seen = np.zeros(len(lengths), np.int64)
+    n = seconds = padded = over = 0.0
+    shapes: set[tuple[int, int, int]] = set()
+    for ids in batches:
+        seen[ids] += 1
+        rows, top, vis = len(ids), int(lengths[ids].max()), int(vision[ids].max())
+        if bins is not None and sizes is not None:
+            b = first_bin(bins, top, vis)
+            rows, (top, vis) = sizes[b], bins[b]
+        n, seconds, padded = n + 1, seconds + step_cost_2d(cost, rows, top, vis), padded + rows * top
+        over += cost.memory(rows, top, vis).total > budget
+        shapes.add((rows, top, vis))
+    assert (seen == 1).all(), "a sampler should yield every sample exactly once"
+    return {"batches": n, "predicted_epoch_seconds": seconds, "padding_efficiency": float(lengths.sum()) / padded,
+            "shapes": len(shapes), "over_budget": over}  # fmt: skip
+
+
+def lhotse_2d(
+    lengths: np.ndarray, vision: np.ndarray, cost: StagedLengthModel, budget: int, n_len: int, n_vis: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """lhotse's DynamicBucketingSampler over NeMo-style 2D bins with a fixed batch per bin: its
+    epoch padded per bin (one shape each) and padded per batch (its own shapes)."""
+    import warnings
+
+    from lhotse import CutSet
+    from lhotse.dataset.sampling import DynamicBucketingSampler
+    from lhotse.dataset.sampling.dynamic_bucketing import FixedBucketBatchSizeConstraint
+    from lhotse.testing.dummies import dummy_cut
+
+    class Fixed2D(FixedBucketBatchSizeConstraint):  # type: ignore[misc]
+        def measure_length(self, example: object) -> tuple[int, int]:
+            custom = example.custom  # type: ignore[attr-defined]
+            return int(custom["L"]), int(custom["V"])
+
+        def select_bucket(
+            self, buckets: list[tuple[int, int]], example: object = None, example_len: object = None
+        ) -> int:
+            length, vis = self.measure_length(example) if example_len is None else example_len  # type: ignore[misc]
+            return first_bin(buckets, length, vis)
+
+    bins = split_bins(lengths, vision, n_len, n_vis)
+    sizes = [max(1, cost.max_batch(top, budget, vision=v)) for top, v in bins]
+    cuts = []
+    for i, (top, v) in enumerate(zip(lengths.tolist(), vision.tolist(), strict=True)):
+        cut = dummy_cut(i, duration=1.0)
+        cut.custom = {"L": top, "V": v}
+        cuts.append(cut)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sampler = DynamicBucketingSampler(
+            CutSet.from_cuts(cuts), constraint=Fixed2D(bins, sizes), duration_bins=bins, shuffle=True, seed=0
+        )
+        batches = [np.array([int(c.id.rsplit("-", 1)[-1]) for c in batch]) for batch in sampler]
+    per_bin = score_batches(batches, lengths, vision, cost, budget, bins, sizes)
+    return per_bin, score_batches(batches, lengths, vision, cost, budget)
 
 
 def main() -> None:
@@ -82,6 +184,9 @@ def main() -> None:
     print("| K | plan | shapes | batches | predicted epoch h | vs oracle | padding efficiency | plan s | over budget |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     oracle: dict[str, float] | None = None
+    peers = importlib.util.find_spec("lhotse") is not None
+    if not peers:
+        print("lhotse is not installed (pip install -e '.[bench]'): its rows are skipped\n")
     for k in args.shapes:
         rows = []
         t0 = time.perf_counter()
@@ -108,6 +213,21 @@ def main() -> None:
                 f"{s['predicted_epoch_seconds'] / ref - 1:+.1%} | {s['padding_efficiency']:.3f} | {secs:.1f} | "
                 f"{exact_over(plan, table, lengths, vision, staged, budget)} |"
             )
+        if peers:
+            t0 = time.perf_counter()
+            splits = [(k // v, v) for v in (1, 2, 4, 8) if k % v == 0]
+            tried = [(lhotse_2d(lengths[kept], vision[kept], two_d, budget, *nv), nv) for nv in splits]
+            secs = (time.perf_counter() - t0) / len(splits)
+            for way, name in enumerate(("padded to its bin", "padded per batch")):
+                (peer, (n_len, n_vis)) = min(
+                    ((t[way], nv) for t, nv in tried), key=lambda t: t[0]["predicted_epoch_seconds"]
+                )
+                print(
+                    f"| {k} | lhotse 2D bins {n_len} x {n_vis}, {name} | {int(peer['shapes']):,} | "
+                    f"{int(peer['batches']):,} | {peer['predicted_epoch_seconds'] / 3600:.2f} | "
+                    f"{peer['predicted_epoch_seconds'] / ref - 1:+.1%} | {peer['padding_efficiency']:.3f} | "
+                    f"{secs:.1f} | {int(peer['over_budget'])} |"
+                )
     if oracle is not None:
         print(
             f"| — | per-sample sorted oracle | — | {int(oracle['batches']):,} | "
