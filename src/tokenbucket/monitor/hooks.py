@@ -54,7 +54,7 @@ import torch
 from tokenbucket._exceptions import ConfigError, OOMRiskWarning, PlanDriftWarning, StateError
 from tokenbucket.monitor._split import split_batch
 from tokenbucket.monitor.report import _is_cut
-from tokenbucket.monitor.sinks import JsonlSink, append_line
+from tokenbucket.monitor.sinks import CUT_EVENT, JsonlSink, append_line
 from tokenbucket.monitor.stats import RunStats
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.bucket_plan import BucketPlan
@@ -129,6 +129,8 @@ def read_replay(path: str | Path) -> list[dict[str, Any]]:
             raise ConfigError(f"replay file {str(path)!r} line {number} is not a JSON record: {exc}") from None
         if not isinstance(record, dict):
             raise ConfigError(f"replay file {str(path)!r} line {number} should be a JSON object, but got {line!r}")
+        if record.get("event") == CUT_EVENT:  # a cut line kept in a record (NOTE [ Cut records ])
+            continue
         out.append(record)
     return out
 
@@ -517,7 +519,7 @@ class BucketMonitor:
         }
         if policy == "skip":
             assert self.replay_path is not None
-            # NOTE [ Appending never truncates ]: a cut last record stays, on its own line
+            # NOTE [ Cut records ]: a cut last line is kept, in a cut record (read_replay skips it)
             append_line(
                 self.replay_path,
                 json.dumps(

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from tokenbucket._exceptions import ConfigError
 from tokenbucket._progress import progress as progress_bar
 from tokenbucket.monitor._grid import bucket_grid, grid_html
+from tokenbucket.monitor.sinks import CUT_EVENT
 from tokenbucket.monitor.stats import bucket_bounds_2d, event_problem, summarize_events
 
 if TYPE_CHECKING:  # matplotlib is the optional `plot` extra: imported only by pyplot()
@@ -84,7 +85,7 @@ class RunLog:
         path: the file they were read from.
         partial_last_line: the last line was cut short (the run was killed mid-write) and was skipped.
         skipped_lines: the 1-based numbers of every line cut short and skipped (NOTE [ Cut lines ]):
-            the last one, and any a resumed run's sink closed with a newline before appending.
+            the last one, and the cut records a resumed run's sink made of one before appending.
     """
 
     events: list[dict[str, Any]]
@@ -124,12 +125,13 @@ class ReportFiles:
 
 # NOTE [ Cut lines ]
 # A killed run can leave its last line half written: the start of a JSON object, cut anywhere,
-# even inside a UTF-8 character. A resumed run's sink ends that line with a newline rather than
-# cutting it off (NOTE [ Appending never truncates ] in sinks.py), so such a line can also sit
-# before the resumed run's events. A line that is the start of a JSON object cut short is skipped
-# and its number kept in RunLog.skipped_lines, wherever it is; any other line that is not an
-# event (not UTF-8, not JSON, JSON but not an object with a string "event", or an object with
-# more after it) is a corrupt file, and an error naming the line.
+# even inside a UTF-8 character. A resumed run's sink puts that line's bytes into a cut record
+# (NOTE [ Cut records ] in sinks.py), so such a record can sit before the resumed run's events,
+# and a log resumed by an older version can hold a cut line there. A cut record, and a line that
+# is the start of a JSON object cut short, is skipped and its number kept in RunLog.skipped_lines,
+# wherever it is; any other line that is not an event (not UTF-8, not JSON, JSON but not an
+# object with a string "event", or an object with more after it) is a corrupt file, and an error
+# naming the line.
 _DECODER = json.JSONDecoder()
 _LITERALS = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
 _NUMBER_START = re.compile(r"-?\d*(?:\.\d*)?(?:[eE][-+]?\d*)?\Z")
@@ -181,7 +183,8 @@ def _parse(line: bytes) -> dict[str, Any] | tuple[str, bool]:
 def read_events(path: str | os.PathLike[str]) -> RunLog:
     """Read a run log line by line, checking each event's fields.
 
-    Lines cut short by a killed run are skipped (NOTE [ Cut lines ]); blank lines are ignored.
+    Lines cut short by a killed run, and the cut records that hold them, are skipped (NOTE [ Cut
+    lines ]); blank lines are ignored.
 
     Raises:
         ConfigError: the file does not exist, is a folder or cannot be read; a line is not an
@@ -201,6 +204,9 @@ def read_events(path: str | os.PathLike[str]) -> RunLog:
                     continue
                 last = number
                 parsed = _parse(line)
+                if isinstance(parsed, dict) and parsed["event"] == CUT_EVENT:
+                    skipped.append(number)  # NOTE [ Cut lines ]: a cut line, kept in a record
+                    continue
                 if isinstance(parsed, dict):
                     problem = event_problem(parsed)
                     if problem is not None:
