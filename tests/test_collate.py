@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from tokenbucket import ConfigError, CostModel, ModelSpec, StateError, TokenSpec
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.plan.manifest import build_manifest
 from tokenbucket.train.collate import BucketCollate, EmptyRow, TokenBucketDataset, token_layout
+from tokenbucket.train.modal import ModalityCollate
+from tokenbucket.train.packing import PackedCollate
 
 from .tables import small_meta
 
@@ -190,3 +193,127 @@ def test_plain_dataloader_with_workers_resumes_exactly_from_the_last_batch_info(
     plain = BucketCollate(data)([data[i] for i in full[0]])
     with pytest.raises(StateError, match=r"carries no sampler position.*StatefulDataLoader"):
         data.sampler().state_dict(after=plain["info"])
+
+
+# -- every item key reaches the batch (NOTE [ Every item key reaches the batch ]) -------------------
+
+ACTION_CHUNK, ACTION_DIM, STATE_DIM = 50, 32, 6
+
+
+class WithKeys(Seqs):
+    """Items as a classifier or a LeRobot dataset gives them: the tokens beside a ``label`` (int),
+    a ``uid`` (str), an ``action`` chunk [50, 32], ``observation.state`` [6], the ``task``,
+    LeRobot's frame ``index`` and a ``trace`` whose length differs by sample."""
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {
+            **super().__getitem__(i),
+            "label": i % 5,
+            "uid": f"u{i:03d}",
+            "action": torch.full((ACTION_CHUNK, ACTION_DIM), float(i)),
+            "observation.state": torch.full((STATE_DIM,), float(i)),
+            "task": f"pick the cube {i}",
+            "index": torch.tensor(1000 + i),
+            "trace": torch.ones(i % 3 + 1, 2),
+        }
+
+
+def keyed_setup(mode: str) -> TokenBucketDataset:
+    table = small_meta(60)
+    lengths = breakdown_table(table, SPEC).totals
+    plan = plan_buckets(lengths, COST, BUDGET, max_buckets=3, multiple=8, mode=mode)  # type: ignore[arg-type]
+    return TokenBucketDataset(WithKeys(lengths), metadata=table, spec=SPEC, plan=plan)
+
+
+def check_item_keys(batch: dict[str, Any], data: TokenBucketDataset) -> None:
+    """Every item key is in the batch: real rows hold the items' values, empty rows zeros / None."""
+    real = [int(i) for i in batch["index"] if i >= 0]
+    rows, n = batch["index"].shape[0], len(real)
+    empty: list[object] = [None] * (rows - n)
+    assert batch["label"] == [i % 5 for i in real] + empty
+    assert batch["uid"] == [f"u{i:03d}" for i in real] + empty
+    assert batch["task"] == [f"pick the cube {i}" for i in real] + empty
+    assert batch["action"].shape == (rows, ACTION_CHUNK, ACTION_DIM)
+    assert batch["observation.state"].shape == (rows, STATE_DIM)
+    for r, i in enumerate(real):
+        assert batch["action"][r].eq(i).all() and batch["observation.state"][r].eq(i).all()
+        length = i % 3 + 1
+        if "trace_mask" in batch:  # ragged across the batch's rows: padded, with its mask
+            assert batch["trace_mask"][r].tolist() == [c < length for c in range(batch["trace"].shape[1])]
+        assert batch["trace"][r, :length].eq(1).all() and batch["trace"][r, length:].eq(0).all()
+    assert batch["action"][n:].eq(0).all() and batch["observation.state"][n:].eq(0).all()
+    assert batch["trace"][n:].eq(0).all()
+    # LeRobot's "index" is kept beside the collate's own (-1 on empty rows)
+    assert batch["item.index"].tolist() == [1000 + i for i in real] + [0] * (rows - n)
+    assert batch["index"].tolist() == real + [-1] * (rows - n)
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_collate_every_item_key_reaches_the_batch_with_empty_rows(mode: str) -> None:
+    data = keyed_setup(mode)
+    n = len(data)
+    bucket = int(np.argmax(data.plan.batch_sizes))  # room for empty rows after two real ones in static mode
+    a, b = (int(i) for i in np.flatnonzero((data.buckets == bucket) & (np.arange(n) % 3 != 2))[:2])
+    batch = BucketCollate(data)([data[a], data[b], data[n + bucket]])  # two real rows, one empty row
+    rows = batch["index"].shape[0]
+    assert rows == (data.plan.buckets[bucket].batch_size if mode == "static" else 3) and rows > 2
+    assert batch["tokens"].shape[0] == rows and batch["row_mask"].tolist() == [True, True] + [False] * (rows - 2)
+    check_item_keys(batch, data)
+    assert "trace_mask" in batch and batch["trace_mask"][2:].sum() == 0  # the traces differ: padded with a mask
+    # through the sampler (its empty rows too) and a DataLoader
+    loader = DataLoader(data, batch_sampler=data.sampler(world_size=3, rank=2, seed=1), collate_fn=BucketCollate(data))
+    for batch in loader:
+        check_item_keys(batch, data)
+
+
+def test_collate_empty_row_only_batch_has_every_item_key_of_its_bucket() -> None:
+    data = keyed_setup("static")
+    n = len(data)
+    full = BucketCollate(data)([data[int(np.flatnonzero(data.buckets == 1)[0])]])
+    empty = BucketCollate(data)([data[n + 1]])
+    assert set(empty) == set(full) and not empty["row_mask"].any()
+    assert empty["label"] == empty["uid"] == empty["task"] == [None] * empty["index"].shape[0]
+    assert empty["action"].shape == full["action"].shape and empty["action"].eq(0).all()
+    assert empty["observation.state"].shape == full["observation.state"].shape
+
+
+def test_collate_ragged_item_keys_listed_and_the_option_checked() -> None:
+    data = keyed_setup("dynamic")
+    batch = BucketCollate(data, ragged="list")([data[0], data[1]])
+    assert "trace_mask" not in batch and [t.shape[0] for t in batch["trace"]] == [1, 2]
+    with pytest.raises(ConfigError, match="ragged should be 'pad' or 'list', but got ragged='drop'"):
+        BucketCollate(data, ragged="drop")  # type: ignore[arg-type]
+
+
+# -- a cost model beside its manifest (NOTE [ A cost model beside its manifest ]) ------------------
+
+DESIGN = ModelSpec.preset("design-24L-1024")
+
+
+def test_collates_refuse_a_cost_model_of_another_model_than_the_manifest_was_planned_for(tmp_path: Path) -> None:
+    table = small_meta(60)
+    src = tmp_path / "m.parquet"
+    pq.write_table(table, src)
+    m = build_manifest(src, SPEC, CostModel(DESIGN), tmp_path / "manifest.parquet", budget_bytes=80 * 2**30)
+    data = TokenBucketDataset(Seqs(m.table.column("total").to_numpy()), metadata=table, spec=SPEC, manifest=m)
+    other = CostModel(dataclasses.replace(DESIGN, layers=48, hidden=4096))
+    makers = {
+        "BucketCollate": lambda cost: BucketCollate(data, cost_model=cost),
+        "ModalityCollate": lambda cost: ModalityCollate(data, cost_model=cost),
+        "PackedCollate": lambda cost: PackedCollate(data, 4096, cost_model=cost),
+    }
+    for make in makers.values():
+        with pytest.raises(ConfigError) as caught:
+            make(other)
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith(
+            f"cost_model prices another model than manifest {str(tmp_path / 'manifest.parquet')!r} was planned for "
+            "(model.hidden: 1024 in the manifest, 4096 given; model.layers: 24 in the manifest, 48 given)"
+        )
+        assert "plan again with this model, or pass the cost model it was planned with" in message
+        # the model it was planned with is taken, also under another name, and so is no cost model
+        make(CostModel(DESIGN))
+        make(CostModel(dataclasses.replace(DESIGN, name="mine")))
+        make(None)
+    info = BucketCollate(data, cost_model=CostModel(DESIGN))([data[0]])["info"]
+    assert 0 < info.risk <= 1

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import pyarrow as pa
@@ -44,11 +44,13 @@ __all__ = [
     "MANIFEST_FORMAT",
     "META_KEY",
     "ContentHash",
+    "Described",
     "PartSink",
     "finish_part",
     "footer_info",
     "is_manifest_file",
     "json_ready",
+    "model_of",
     "open_part_writer",
     "prepare_out",
     "replace_out",
@@ -138,13 +140,26 @@ def json_ready(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+class Described(Protocol):
+    """What a model spec gives a manifest to record and compare: its fields as a JSON-ready dict."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def model_of(cost: object) -> Described | None:
+    """The model ``cost`` prices, as a manifest records what it was planned for: its ``model``
+    when that gives a ``to_dict`` (a ``CostModel``'s ``ModelSpec``), else ``None``."""
+    model = getattr(cost, "model", None)  # (a property may refuse with AttributeError: no model)
+    return cast(Described, model) if model is not None and callable(getattr(model, "to_dict", None)) else None
+
+
 def footer_info(plan: BucketPlan, spec: TokenSpec, plan_or_cost: object, meta: dict[str, Any] | None) -> dict[str, Any]:
     """What every file's footer records (its rows, part and hash aside)."""
     # record what the plan was made for (the caller's words win)
-    model = getattr(plan_or_cost, "model", None)
+    model = model_of(plan_or_cost)
     gpu = getattr(plan_or_cost, "gpu", None)
     made_for = {
-        "model": model.to_dict() if model is not None and hasattr(model, "to_dict") else None,
+        "model": model.to_dict() if model is not None else None,
         "gpu": getattr(gpu, "name", None),
     }
     info = {

@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +48,7 @@ from tokenbucket.plan._manifest_io import (
     MANIFEST_FORMAT,
     META_KEY,
     ContentHash,
+    Described,
     PartSink,
     footer_info,
     json_ready,
@@ -70,12 +71,6 @@ __all__ = [
     "length_histogram",
     "load_manifest",
 ]
-
-
-class Described(Protocol):
-    """What a model spec gives a manifest to record and compare: its fields as a JSON-ready dict."""
-
-    def to_dict(self) -> dict[str, Any]: ...
 
 
 class Manifest:
@@ -129,6 +124,19 @@ class Manifest:
             ConfigError: a field differs (each differing field named with both values), unless
                 ``allow_mismatch``; then a :class:`ManifestMismatchWarning` says the same.
         """
+        found = self.differences(spec, model)
+        if not found:
+            return
+        shown = "; ".join(found[:6]) + (f"; and {len(found) - 6} more" if len(found) > 6 else "")
+        text = f"manifest {str(self.path)!r} was planned for another {' and '.join(_kinds(found))}: {shown}"
+        if not allow_mismatch:
+            raise ConfigError(f"{text}; plan again with these, or pass allow_mismatch=True to use it anyway")
+        warnings.warn(text, ManifestMismatchWarning, stacklevel=3)
+
+    def differences(self, spec: TokenSpec | None = None, model: Described | None = None) -> list[str]:
+        """Where ``spec`` and ``model`` (those given) differ from what the manifest was planned
+        for, one ``where.field: A in the manifest, B given`` each, compared as
+        :meth:`check_made_for` does; empty when they match or nothing was recorded to compare."""
         found: list[str] = []
         if spec is not None:
             found += _differences("token_spec", self.meta.get("token_spec"), json_ready(spec.to_dict()))
@@ -140,13 +148,7 @@ class Manifest:
                     found.append(f"model: {recorded!r} in the manifest, {given['name']!r} given")
             else:
                 found += _differences("model", recorded, given)
-        if not found:
-            return
-        shown = "; ".join(found[:6]) + (f"; and {len(found) - 6} more" if len(found) > 6 else "")
-        text = f"manifest {str(self.path)!r} was planned for another {' and '.join(_kinds(found))}: {shown}"
-        if not allow_mismatch:
-            raise ConfigError(f"{text}; plan again with these, or pass allow_mismatch=True to use it anyway")
-        warnings.warn(text, ManifestMismatchWarning, stacklevel=3)
+        return found
 
 
 def _differences(where: str, recorded: object, given: object) -> list[str]:

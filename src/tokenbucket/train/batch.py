@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import FrozenInstanceError, dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -22,6 +22,9 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.tokens.breakdown import TokenBreakdown
 from tokenbucket.tokens.spec import MODALITIES, TokenSpec
+
+if TYPE_CHECKING:
+    from tokenbucket.plan.manifest import Manifest
 
 __all__ = ["Batch", "BatchInfo", "BucketedData", "EmptyRow", "FrozenFieldError", "Segment", "pad_rows", "token_layout"]
 
@@ -207,11 +210,13 @@ def pad_rows(
 
 class BucketedData(Protocol):
     """What the samplers and collates read from a bucketed dataset
-    (:class:`~tokenbucket.train.collate.TokenBucketDataset` is the one that answers it)."""
+    (:class:`~tokenbucket.train.collate.TokenBucketDataset` is the one that answers it);
+    ``manifest``: the one its plan came from, else ``None``."""
 
     spec: TokenSpec
     plan: BucketPlan
     plan_id: str
+    manifest: Manifest | None
     lengths: np.ndarray
     buckets: np.ndarray
 

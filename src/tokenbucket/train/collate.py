@@ -40,6 +40,7 @@ from tokenbucket.plan.manifest import Manifest
 from tokenbucket.tokens.breakdown import TokenBreakdown, breakdown_sample, breakdown_table
 from tokenbucket.tokens.metadata import table_from_rows
 from tokenbucket.tokens.spec import MODALITY_COLUMNS, TokenSpec
+from tokenbucket.train._keys import ItemTemplates, Ragged, check_ragged, collate_keys
 from tokenbucket.train.batch import BatchInfo, EmptyRow, pad_rows, token_layout
 from tokenbucket.train.packing import PackedBatchSampler, PackedOptions
 from tokenbucket.train.sampler import (
@@ -90,6 +91,8 @@ class TokenBucketDataset(Dataset[Any]):
         plan: a :class:`~tokenbucket.plan.buckets.BucketPlan` to assign buckets with; or
         manifest: a :class:`~tokenbucket.plan.manifest.Manifest` (its breakdowns and buckets are
             used; it must match the dataset's length and keys, and have been planned for ``spec``).
+            Kept as :attr:`manifest` (``None`` with ``plan=``): a collate's ``cost_model`` must be
+            of the model it was planned for (NOTE [ A cost model beside its manifest ]).
         allow_mismatch: use a manifest planned for another token spec anyway, with a
             :class:`~tokenbucket._exceptions.ManifestMismatchWarning` instead of the error.
         meta_columns: the extra metadata columns batches carry (NOTE [ Extra metadata
@@ -141,6 +144,9 @@ class TokenBucketDataset(Dataset[Any]):
                     )
             self.plan = manifest.plan
             self.plan_id = manifest.content_hash
+            # what it was planned for: a collate's cost model is checked against it
+            # (NOTE [ A cost model beside its manifest ])
+            self.manifest: Manifest | None = manifest
             self.breakdowns = mt
             self.buckets = mt.column("bucket").to_numpy()
         else:
@@ -152,6 +158,7 @@ class TokenBucketDataset(Dataset[Any]):
                 raise ConfigError(f"{result.rejected.num_rows} invalid metadata rows; the first: {first['message']}")
             self.plan = plan
             self.plan_id = plan_id_of(plan.to_json())
+            self.manifest = None
             self.breakdowns = result.table
             # a 2D plan bounds the image tokens too (NOTE [ Two-dimensional buckets ])
             vision = result.table.column("vision").to_numpy() if plan.two_d else None
@@ -404,13 +411,24 @@ class BucketCollate:
     tokens), ``row_mask`` ``[B]`` (False on empty rows), ``index`` ``[B]`` (-1 on empty rows),
     ``meta`` (the extra metadata columns, one entry per row: NOTE [ Extra metadata columns ]),
     ``layout`` (a list per row of :class:`Segment`, with ``with_layout``) and ``info``
-    (:class:`BatchInfo`). Real rows come first. A ``tokens_key`` entry that is not a tensor (a
-    ``datasets.Dataset`` item's lists) is made one.
+    (:class:`BatchInfo`); and every other key of the items, as
+    :class:`~tokenbucket.train.modal.ModalityCollate` keeps them (NOTE [ Every item key reaches
+    the batch ]): equal-shape tensors stacked ``[B, ...]`` (LeRobot's ``action`` ``[B, chunk,
+    A]``), ragged ones padded with ``<key>_mask`` (``ragged="pad"``) or listed
+    (``ragged="list"``), anything else (a ``label``, a ``uid``, a ``task``) a list with ``None``
+    on empty rows; an item key named as one of the above is kept as ``item.<key>``. Real rows
+    come first. A ``tokens_key`` entry that is not a tensor (a ``datasets.Dataset`` item's
+    lists) is made one.
 
     A batch whose predicted peak (``cost_model``, else the plan's) is above ``risk_threshold``
     of the budget is reported here, before it reaches the GPU, by ``on_risk``: ``"warn"``,
     ``"raise"`` or ``"split"`` (see NOTE [ Risk before the GPU ] in :mod:`tokenbucket.train.risk`).
+    A ``cost_model`` for another model than the one ``data``'s manifest was planned for is
+    refused (NOTE [ A cost model beside its manifest ]).
     """
+
+    RESERVED = ("tokens", "attention_mask", "row_mask", "index", "meta", "info", "layout")
+    """The keys the collate fills itself: an item key among them is kept as ``item.<key>``."""
 
     def __init__(
         self,
@@ -422,11 +440,14 @@ class BucketCollate:
         with_layout: bool = False,
         risk_threshold: float = 1.0,
         on_risk: str = "warn",
+        ragged: Ragged = "pad",
     ) -> None:
-        self.data, self.tokens_key, self.pad_value = data, tokens_key, pad_value
+        check_ragged(ragged)
+        self.data, self.tokens_key, self.pad_value, self.ragged = data, tokens_key, pad_value, ragged
         self.cost_model, self.with_layout = cost_model, with_layout
         self.risk_threshold, self.on_risk = float(risk_threshold), on_risk
         self.shape = BatchShape(data, cost_model=cost_model, risk_threshold=risk_threshold, on_risk=on_risk)
+        self._templates = ItemTemplates(data)
 
     def __call__(self, batch: Sequence[tuple[int, Any]]) -> dict[str, Any]:
         data = self.data
@@ -448,4 +469,10 @@ class BucketCollate:
         }
         if self.with_layout:
             out["layout"] = [token_layout(data.breakdown(i), data.spec) for i in idx]
+        # NOTE [ Every item key reaches the batch ]: a batch of empty rows takes them from its bucket's sample
+        items = [item for _, item in real] or [self._templates(bucket)[1]]
+        mappings = [item if isinstance(item, Mapping) else {} for item in items]
+        collate_keys(
+            out, mappings, len(real), rows, ragged=self.ragged, used=(self.tokens_key,), reserved=self.RESERVED
+        )
         return out

@@ -48,7 +48,7 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.tokens.breakdown import CameraTokens, TokenBreakdown
 from tokenbucket.tokens.spec import CameraSpec
-from tokenbucket.train._keys import ABSENT, collate_other, to_tensor
+from tokenbucket.train._keys import ItemTemplates, Ragged, check_ragged, collate_keys, to_tensor
 from tokenbucket.train.batch import Batch, EmptyRow, pad_rows
 from tokenbucket.train.risk import PredictsMemory2D
 from tokenbucket.train.sampler import position_of
@@ -58,6 +58,7 @@ __all__ = ["ModalityCollate", "ModalityKeys"]
 
 Layout = Literal["stacked", "patches"]
 LAYOUTS: tuple[str, ...] = ("stacked", "patches")
+_RESERVED = ("index", "row_mask", "info", "meta")  # filled below the modalities, after the other keys
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,10 +131,11 @@ class ModalityCollate:
       (``label_pad_id``; the ids where the item has no labels and ``make_labels``).
     - the state key stacked (``<key>_mask`` where its first dim is ragged) and the action key
       ``[B, chunk, A]`` with ``action_mask`` ``[B, chunk]`` (``[B, A]`` and ``[B]`` for ``[A]``).
-    - every other key: equal-shape tensors stacked ``[B, ...]``, ragged ones padded with a
-      ``<key>_mask`` (``ragged="pad"``) or a list (``ragged="list"``); strings, numbers and other
-      objects as lists (``None`` on empty rows). No key is dropped: one that the collate fills
-      itself (LeRobot's frame ``index``) is kept as ``item.<key>``.
+    - every other key, as :class:`~tokenbucket.train.collate.BucketCollate` keeps them (NOTE
+      [ Every item key reaches the batch ]): equal-shape tensors stacked ``[B, ...]``, ragged ones
+      padded with a ``<key>_mask`` (``ragged="pad"``) or a list (``ragged="list"``); strings,
+      numbers and other objects as lists (``None`` on empty rows). No key is dropped: one that
+      the collate fills itself (LeRobot's frame ``index``) is kept as ``item.<key>``.
     - ``index`` ``[B]`` (-1 on empty rows), ``row_mask`` ``[B]`` and ``info``
       (:class:`~tokenbucket.train.batch.BatchInfo`).
 
@@ -155,7 +157,7 @@ class ModalityCollate:
         *,
         layout: Layout = "stacked",
         keys: ModalityKeys | None = None,
-        ragged: Literal["pad", "list"] = "pad",
+        ragged: Ragged = "pad",
         pad_id: int = 0,
         label_pad_id: int = -100,
         make_labels: bool = True,
@@ -165,13 +167,12 @@ class ModalityCollate:
     ) -> None:
         if layout not in LAYOUTS:
             raise ConfigError(f"layout should be one of {list(LAYOUTS)}, but got layout={layout!r}")
-        if ragged not in ("pad", "list"):
-            raise ConfigError(f"ragged should be 'pad' or 'list', but got ragged={ragged!r}")
+        check_ragged(ragged)
         self.data, self.layout, self.ragged = data, layout, ragged
         self.keys = keys if keys is not None else ModalityKeys()
         self.pad_id, self.label_pad_id, self.make_labels = int(pad_id), int(label_pad_id), make_labels
         self.shape = BatchShape(data, cost_model=cost_model, risk_threshold=risk_threshold, on_risk=on_risk)
-        self._templates: dict[int, tuple[int, Mapping[str, object]]] = {}
+        self._templates = ItemTemplates(data)
         self._image_templates: dict[int, tuple[int, Mapping[str, object]] | None] = {}
         if layout == "patches" and data.plan.mode == "static" and data.plan.two_d:
             self._merge()  # NOTE [ Patch stream of a 2D bucket ]: one merge, checked now
@@ -190,12 +191,9 @@ class ModalityCollate:
         used = self._vision(out, parsed, n_real, rows, bucket)
         used |= self._text(out, parsed, n_real, rows, length)
         used |= self._state_action(out, parsed, n_real, rows)
-        reserved = set(out) | {"index", "row_mask", "info", "meta"}
-        for key in _other_keys(parsed, used):
-            values = [r.item.get(key, ABSENT) for r in parsed[:n_real]]
-            for name, value in collate_other(key, values, parsed[0].item.get(key), rows, self.ragged).items():
-                # an item key the collate fills itself (LeRobot's frame "index") is kept as "item.<key>"
-                out[f"item.{name}" if name in reserved else name] = value
+        # NOTE [ Every item key reaches the batch ]
+        items = [r.item for r in parsed]
+        collate_keys(out, items, n_real, rows, ragged=self.ragged, used=used, reserved=_RESERVED)
         index = torch.full((rows,), -1, dtype=torch.long)
         index[:n_real] = torch.tensor(idx, dtype=torch.long)
         out["index"] = index
@@ -209,13 +207,8 @@ class ModalityCollate:
 
     def _template(self, bucket: int) -> tuple[int, Mapping[str, object]]:
         """A real sample of ``bucket`` (else of any bucket), read once per bucket."""
-        if bucket not in self._templates:
-            buckets = self.data.buckets
-            same = np.flatnonzero(buckets == bucket)
-            i = int(same[0]) if len(same) else int(np.flatnonzero(buckets >= 0)[0])
-            _, item = self.data[i]
-            self._templates[bucket] = (i, _mapping(i, item, self.data.key(i)))
-        return self._templates[bucket]
+        i, item = self._templates(bucket)
+        return i, _mapping(i, item, self.data.key(i))
 
     def _image_template(self, bucket: int) -> tuple[int, Mapping[str, object]] | None:
         """A real sample of ``bucket`` with an image (None if it has none), read once per bucket."""
@@ -556,15 +549,6 @@ class _Image:
     def dtype(self) -> torch.dtype:
         source = self.patches if self.patches is not None else self.frames
         return source.dtype if source is not None else torch.float32
-
-
-def _other_keys(parsed: list[_Row], used: set[str]) -> list[str]:
-    seen: dict[str, None] = {}
-    for row in parsed:
-        for key in row.item:
-            if key not in used:
-                seen[str(key)] = None
-    return list(seen)
 
 
 def _is_image(value: object) -> bool:

@@ -39,6 +39,7 @@ from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.manifest import Manifest
 from tokenbucket.plan.packing import pack_rows
 from tokenbucket.train.batch import BatchInfo, BucketedData, EmptyRow, pad_rows, token_layout
+from tokenbucket.train.risk import check_planned_model
 from tokenbucket.train.sampler import (
     POSITION_KEYS,
     RankAware,
@@ -129,6 +130,8 @@ class PackedCollate:
         data: the :class:`~tokenbucket.train.collate.TokenBucketDataset` (lengths, keys, plan budget).
         pack_length: tokens per row.
         rows_per_batch: rows per batch (the batch's fixed shape); ``None``: as many as needed.
+        cost_model: predicts each batch's peak; one for another model than ``data``'s manifest
+            was planned for is refused (NOTE [ A cost model beside its manifest ]).
 
     Warns:
         UserWarning: once per collate object, the first time a batch's dense
@@ -146,6 +149,7 @@ class PackedCollate:
         cost_model: PredictsMemory | None = None,
         with_layout: bool = False,
     ) -> None:
+        check_planned_model(data, cost_model)  # NOTE [ A cost model beside its manifest ]
         self.data, self.pack_length, self.rows_per_batch = data, int(pack_length), rows_per_batch
         self.tokens_key, self.pad_value, self.cost_model = tokens_key, pad_value, cost_model
         self.with_layout = with_layout

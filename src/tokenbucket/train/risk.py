@@ -19,6 +19,19 @@ A 2D plan's bucket (NOTE [ Two-dimensional buckets ]) is priced at its image-tok
 ``memory(rows, bound, vision_bound)``: priced by length alone, a staged model takes every token
 for an image token, and a text-only bucket would be flagged for memory it never uses. So a 2D
 plan needs a cost model whose ``memory`` takes ``vision=`` (:func:`prices_vision`).
+
+NOTE [ A cost model beside its manifest ]
+Every figure above is the cost model's for the manifest's shapes, and those shapes were sized
+for the model the manifest was planned for. A collate given a cost model of another model (48
+layers where the plan had 24) would report every batch's peak and risk by that other model,
+silently: a batch that can OOM not flagged, or a safe one split. So wherever a collate takes a
+``cost_model`` beside a dataset built from a manifest (``BucketCollate``, ``ModalityCollate``,
+``PackedCollate``), :func:`check_planned_model` compares the model it prices (``cost_model.model``,
+what a manifest records: :func:`~tokenbucket.plan._manifest_io.model_of`) with the manifest's
+record, field by field as :meth:`~tokenbucket.plan.manifest.Manifest.check_made_for` does (the
+``name`` aside), and refuses a difference in one line naming each differing field and the fix.
+A cost model that names no model (a ``StagedLengthModel``), a manifest that recorded none, or a
+dataset given a plan rather than a manifest has nothing to compare and is taken as it is.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from tokenbucket._exceptions import ConfigError, OOMRiskError, OOMRiskWarning, StateError
+from tokenbucket.plan._manifest_io import model_of
 from tokenbucket.plan._search import MemoryTotal, PredictsMemory
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.train.batch import BatchInfo, BucketedData
@@ -44,6 +58,7 @@ __all__ = [
     "PredictsMemory2D",
     "RiskSplitSampler",
     "bucket_peak",
+    "check_planned_model",
     "check_risk_options",
     "check_vision_cost",
     "prices_vision",
@@ -84,6 +99,24 @@ def check_vision_cost(plan: BucketPlan, cost_model: object, methods: tuple[str, 
             f"cost_model should price them ({asks} taking vision=, a StagedLengthModel), but got "
             f"{type(cost_model).__name__}; pass that model, or cost_model=None to use the plan's peaks"
         )
+
+
+def check_planned_model(data: BucketedData, cost_model: object) -> None:
+    """``cost_model`` should price the model ``data``'s manifest was planned for (NOTE [ A cost
+    model beside its manifest ]); else a ConfigError naming each differing field and the fix."""
+    manifest = data.manifest
+    model = model_of(cost_model) if cost_model is not None else None
+    if manifest is None or model is None:
+        return
+    found = manifest.differences(model=model)
+    if not found:
+        return
+    shown = "; ".join(found[:4]) + (f"; and {len(found) - 4} more" if len(found) > 4 else "")
+    raise ConfigError(
+        f"cost_model prices another model than manifest {str(manifest.path)!r} was planned for ({shown}), so its "
+        f"peaks and risks would be wrong: plan again with this model, or pass the cost model it was planned with "
+        f"(or cost_model=None to use the plan's own peaks)"
+    )
 
 
 def bucket_peak(

@@ -24,6 +24,7 @@ from tokenbucket.train.risk import (
     PredictsMemory2D,
     apply_risk_policy,
     bucket_peak,
+    check_planned_model,
     check_risk_options,
     check_vision_cost,
     static_split,
@@ -56,6 +57,10 @@ class BatchShape:
             (``memory(rows, length, vision_bound)``, a ``StagedLengthModel``).
         risk_threshold: predicted peak / budget above which ``on_risk`` applies.
         on_risk: ``"warn"``, ``"raise"`` or ``"split"``.
+
+    Raises:
+        ConfigError: ``cost_model`` prices another model than ``data``'s manifest was planned
+            for (NOTE [ A cost model beside its manifest ]), or a 2D plan's does not price image tokens.
     """
 
     def __init__(
@@ -68,6 +73,7 @@ class BatchShape:
     ) -> None:
         check_risk_options(risk_threshold, on_risk)
         check_vision_cost(data.plan, cost_model)
+        check_planned_model(data, cost_model)  # NOTE [ A cost model beside its manifest ]
         self.data, self.cost_model = data, cost_model
         self.risk_threshold, self.on_risk = float(risk_threshold), on_risk
         self._split_rows: list[int] | None = None
