@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 import transformers
 
-from tests.test_sampler import free_port
+from tests._dist import end_process_group, free_port
 from tokenbucket import ConfigError, StateError
 from tokenbucket.monitor.hooks import BucketMonitor
 from tokenbucket.train.hf_trainer import STATE_FILE, BucketTrainer, monitor_file
@@ -73,7 +73,7 @@ def _worker(rank: int, port: int, out: str, stop: int | None, ckpt: str | None, 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank))
     os.environ.update(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
     _train(Path(out), tag, rank, stop=stop, ckpt=ckpt)
-    torch.distributed.barrier()
+    end_process_group()  # the Trainer made the group; it does not end it (NOTE [ Process group teardown ])
 
 
 def _spawn(out: Path, tag: str, *, stop: int | None = None, ckpt: str | None = None) -> list[list[dict[str, Any]]]:

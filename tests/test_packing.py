@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests._dist import free_port, gloo_group
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket.plan.buckets import OversizeError, plan_buckets
 from tokenbucket.testing import RandomTokens, mixture_a
@@ -301,8 +302,7 @@ def _packed_ddp_worker(rank: int, world: int, port: int, out: str) -> None:
 
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         data, _ = packed_data()
         sampler = data.sampler(seed=7)  # rank and world size from the process group
         batches = [list(b) for b in sampler]
@@ -311,24 +311,18 @@ def _packed_ddp_worker(rank: int, world: int, port: int, out: str) -> None:
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(gathered, f)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_packed_sampler_ddp_gloo_equal_steps_every_sample_once(tmp_path: object, world: int) -> None:
     import json
-    import socket
     from pathlib import Path
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
     out = Path(str(tmp_path)) / "out.json"
-    mp.spawn(_packed_ddp_worker, args=(world, port, str(out)), nprocs=world, join=True)
+    mp.spawn(_packed_ddp_worker, args=(world, free_port(), str(out)), nprocs=world, join=True)
     ranks = json.loads(out.read_text())
     assert len({len(r) for r in ranks}) == 1
     n = 90

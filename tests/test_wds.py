@@ -8,7 +8,6 @@ import gzip
 import io
 import json
 import re
-import socket
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import torch.multiprocessing as mp
 import webdataset as wds
 from torch.utils.data import DataLoader
 
+from tests._dist import free_port, gloo_group
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.stream.bucketer import read_rejected
@@ -179,15 +179,8 @@ def test_wds_with_epoch_gives_a_fixed_number_of_batches(shards: dict[str, Any]) 
     assert len(list(data)) == 7
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ddp_worker(rank: int, world: int, port: int, root: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         meta = json.loads((Path(root) / "meta.json").read_text())
         urls = meta["urls"]
         from tokenbucket.plan.buckets import BucketPlan
@@ -211,8 +204,6 @@ def _ddp_worker(rank: int, world: int, port: int, root: str, out: str) -> None:
         dist.all_gather_object(gathered, {"keys": keys, "steps": count})
         if rank == 0:
             Path(out).write_text(json.dumps(gathered))
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow

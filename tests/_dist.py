@@ -1,0 +1,59 @@
+"""Gloo process groups for the distributed tests' spawned workers: a free port, and a group that
+every rank ends cleanly before its process exits (NOTE [ Process group teardown ]).
+
+    def _worker(rank: int, world: int, port: int) -> None:
+        with gloo_group(rank, world, port):
+            ...  # collectives
+
+    mp.spawn(_worker, args=(2, free_port()), nprocs=2, join=True)
+
+A worker whose group someone else made (the HF ``Trainer``, through Accelerate) calls
+:func:`end_process_group` as its last line instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
+
+import torch.distributed as dist
+
+__all__ = ["end_process_group", "free_port", "gloo_group"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# NOTE [ Process group teardown ]
+# A spawned worker that returns with its gloo group alive exits with the group's worker threads
+# still running. Each of them drops its last reference to a finished collective (and to the
+# tensors it held) only after the rank waiting on it has woken up, so that drop can come after
+# the rank's main thread has returned and begun shutting the interpreter down. A tensor made in
+# Python needs the GIL to be freed; a C++ thread that asks for the GIL while the interpreter is
+# finalizing is ended by CPython with pthread_exit, whose unwinding through torch's noexcept
+# destructors calls std::terminate: "terminate called without an active exception", SIGABRT,
+# and mp.spawn reports the rank as killed. It is a race of microseconds that only a busy machine
+# loses. destroy_process_group() shuts the group's threads down (and waits for them) while the
+# interpreter is whole; the barrier before it has every rank finish its collectives first, so
+# no rank closes its connections while a peer still talks to it. On an error neither is done:
+# the other ranks may be inside a collective that will never finish, and a barrier or a
+# shutdown would hang where mp.spawn should see the error and end them.
+def end_process_group() -> None:
+    """Wait for every rank, then destroy the default group (NOTE [ Process group teardown ])."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def gloo_group(rank: int, world: int, port: int) -> Iterator[None]:
+    """A gloo group of ``world`` ranks on 127.0.0.1:``port``, ended cleanly where the block ends
+    without an error (NOTE [ Process group teardown ])."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    yield
+    end_process_group()
