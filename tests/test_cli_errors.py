@@ -4,12 +4,17 @@ before changes, and every sample is counted or named."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -406,3 +411,143 @@ def test_cli_gpu_matched_loosely_gives_the_same_answer(capsys: pytest.CaptureFix
         assert code == 0, err
         answers.add(out)
     assert len(answers) == 1 and json.loads(answers.pop())["fits"] is True
+
+
+# -- issue 34: tracebacks and hangs that end as one line ----------------------------------------------
+
+
+def test_cli_plan_zero_byte_parquet_is_one_line_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "m.parquet").write_bytes(b"")
+    before = snapshot(tmp_path)
+    code, out, err = cli(
+        capsys, "plan", str(tmp_path / "m.parquet"), "--budget-gib", "10", "--out", str(tmp_path / "o.parquet")
+    )
+    one_line_error(err, "m.parquet", "0 bytes")
+    assert code == 1 and out == "" and snapshot(tmp_path) == before
+
+
+def binary_key_parquet(path: Path) -> Path:
+    keys = pa.array([b"s0", b"s\xff1", b"s2"], pa.binary())  # a binary column, as some writers leave text
+    pq.write_table(rows(3).set_column(0, "key", keys), path)
+    return path
+
+
+@pytest.mark.parametrize("verb", ["tokens", "plan"])
+def test_cli_binary_key_column_with_invalid_utf8_names_the_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: str
+) -> None:
+    path = binary_key_parquet(tmp_path / "m.parquet")
+    plan = ["--budget-gib", "10", "--out", str(tmp_path / "o.parquet")] if verb == "plan" else []
+    code, out, err = cli(capsys, verb, str(path), "--patch", "14", *plan)
+    one_line_error(err, "row 1 key 's\\\\xff1'", "column 'key' should be valid UTF-8 text")
+    assert code == 1 and out == ""
+    # rejected, it is one named row and the other two count
+    code, out, err = cli(capsys, verb, str(path), "--patch", "14", "--on-invalid", "reject", "--json", *plan)
+    assert code == 0, err
+    report = json.loads(out)
+    if verb == "plan":
+        assert (report["summary"]["samples"], report["summary"]["rejected"]) == (2, 1)
+    else:
+        assert (report["count"], report["rejected"]) == (2, 1)
+
+
+def hf_config(folder: Path, **changes: object) -> Path:
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "vocab_size": 256, **changes}  # fmt: skip
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@contextlib.contextmanager
+def stopped_after(seconds: float) -> Iterator[None]:
+    """Fail a command still running after ``seconds`` instead of hanging the suite."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise AssertionError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+STAGED = ["--sample", '{"text_tokens": 64}', "--batch", "1", "--gpu", "H100-SXM"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["cost", *STAGED],
+        ["ledger", "--sample", '{"text_tokens": 64}'],
+        ["profile", "--sample", '{"text_tokens": 64}'],
+        ["plan", "META", "--budget-gib", "10", "--vision-share", "0", "--out", "OUT"],
+    ],
+    ids=["cost", "ledger", "profile", "plan"],
+)
+def test_cli_hf_config_with_a_billion_layers_is_refused_at_once_naming_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    # it ran for hours: the staged model prices (and the profiler builds) every layer
+    config = hf_config(tmp_path / "huge", num_hidden_layers=10**9)
+    pq.write_table(rows(3), tmp_path / "m.parquet")
+    argv = [{"META": str(tmp_path / "m.parquet"), "OUT": str(tmp_path / "o.parquet")}.get(a, a) for a in argv]
+    start = time.perf_counter()
+    with stopped_after(10):  # (before the fix it ran for hours)
+        code, out, err = cli(capsys, argv[0], "--hf-config", str(config), *argv[1:])
+    one_line_error(err, "huge/config.json", "key 'num_hidden_layers' should be at most 1024", "1000000000")
+    assert code == 1 and out == "" and time.perf_counter() - start < 5
+    assert not (tmp_path / "o.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"num_attention_heads": 5}, ("key 'num_attention_heads' should divide key 'hidden_size'", "64 / 5")),
+        ({"num_key_value_heads": 3}, ("key 'num_key_value_heads' should divide key 'num_attention_heads'",)),
+        (
+            {
+                "model_type": "llava",
+                "text_config": {"model_type": "llama", "hidden_size": 100, "num_attention_heads": 8},
+            },
+            ("key 'text_config.num_attention_heads' should divide key 'text_config.hidden_size'",),
+        ),
+        (
+            {"model_type": "llava", "vision_config": {"hidden_size": 100, "num_attention_heads": 8}},
+            ("key 'vision_config.num_attention_heads' should divide key 'vision_config.hidden_size'",),
+        ),
+    ],
+    ids=["heads", "kv-heads", "text-config", "vision-config"],
+)
+def test_cli_hf_config_heads_that_do_not_divide_the_width_name_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict[str, object], named: tuple[str, ...]
+) -> None:
+    config = hf_config(tmp_path / "odd", **changes)
+    code, out, err = cli(capsys, "cost", "--hf-config", str(config), *STAGED)
+    one_line_error(err, "odd/config.json", *named)
+    assert code == 1 and out == ""
+
+
+def test_cli_plan_oversize_says_the_flag_not_the_python_keyword(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokenbucket import OversizeError, plan_buckets
+    from tokenbucket.cost.memory import CostModel
+    from tokenbucket.cost.model import ModelSpec
+
+    big = rows(3).set_column(2, "frames", pa.array([1, 1, 4096]))  # one sample of 4096 frames
+    pq.write_table(big, tmp_path / "m.parquet")
+    code, _, err = cli(
+        capsys, "plan", str(tmp_path / "m.parquet"), "--budget-gib", "1", "--out", str(tmp_path / "o.parquet")
+    )
+    line = one_line_error(err, "do not fit the budget even alone", "or pass --on-oversize reject to plan without them")
+    assert code == 1 and "on_oversize=" not in line
+    # the library keeps Python's words (one message, worded per front end)
+    with pytest.raises(OversizeError, match="on_oversize='reject'") as info:
+        plan_buckets(np.array([10**6]), CostModel(ModelSpec.preset("design-24L-1024")), 2**30)
+    assert info.value.worded("--on-oversize reject").endswith("or pass --on-oversize reject to plan without them")

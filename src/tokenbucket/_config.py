@@ -22,7 +22,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # TOML is UTF-8 text
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
 
 

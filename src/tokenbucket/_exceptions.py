@@ -63,7 +63,18 @@ class PlanError(TokenbucketError, ValueError):
 
 
 class OversizeError(PlanError):
-    """Samples that do not fit the budget even alone (with ``on_oversize="error"``)."""
+    """Samples that do not fit the budget even alone (with ``on_oversize="error"``).
+
+    The message names the way out as a Python caller writes it (:attr:`REJECT`); a front end
+    with its own spelling, such as the command line's ``--on-oversize reject``, says that
+    instead with :meth:`worded`.
+    """
+
+    REJECT = "on_oversize='reject'"
+
+    def worded(self, reject: str) -> str:
+        """The message with ``reject`` in place of :attr:`REJECT`."""
+        return str(self).replace(self.REJECT, reject)
 
 
 class StateError(ConfigError):

@@ -33,6 +33,15 @@ MAX_FRAMES = 2**20
 MAX_SIDE = 2**15
 MAX_TOKENS = 2**31
 
+# NOTE [ Layer counts are bounded ]
+# The staged cost model prices each decoder and tower layer as its own unit (FSDP gathers one
+# at a time, NOTE [ FSDP units in flight ]) and the profiler builds every layer it measures, so
+# their work grows with the layer count: a config.json or a --layers flag saying 10**9 would
+# keep `cost`, `plan` or `profile` busy for hours. The deepest published transformers have
+# about 130 layers; a count past MAX_LAYERS is refused up front, naming the file and key or
+# the flag. (The block model's formulas do not loop over layers: it takes any count.)
+MAX_LAYERS = 1024
+
 
 def r_too_big(maximum: int) -> str:
     return f"should be at most {maximum}"

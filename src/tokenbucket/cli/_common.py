@@ -282,7 +282,7 @@ def _gib(nbytes: float) -> str:
 def _parse_value(text: str) -> object:
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # not JSON (or nested too deeply): the text itself
         return text
 
 

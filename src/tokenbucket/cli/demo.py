@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from tokenbucket._exceptions import ConfigError, UsageError
-from tokenbucket.cli._common import _gib, positive_int
+from tokenbucket.cli._common import _gib, non_negative_int, positive_int
 from tokenbucket.cli._tables import _histogram, _print_plan, _print_summary
 from tokenbucket.cost.gpus import gpu_budget_bytes
 from tokenbucket.cost.memory import CostModel
@@ -51,8 +51,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", default="tokenbucket-demo", help="directory for the demo's files (default tokenbucket-demo)"
     )
-    parser.add_argument("--samples", type=positive_int, default=200_000, help="number of samples (default 200000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic dataset (default 0)")
+    parser.add_argument(
+        "--samples",
+        type=_sample_count,
+        default=200_000,
+        help=f"number of samples (default 200000, at most {MAX_SAMPLES:,})",
+    )
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the synthetic dataset (default 0)")
+
+
+MAX_SAMPLES = 10_000_000  # the demo makes its dataset in memory: about 80 bytes a sample
+
+
+def _sample_count(text: str) -> int:
+    """An argparse type (NOTE [ Flag values ]): a positive integer up to MAX_SAMPLES."""
+    count = positive_int(text)
+    if count > MAX_SAMPLES:
+        raise argparse.ArgumentTypeError(f"should be a positive integer up to {MAX_SAMPLES:,}, got {count}")
+    return count
 
 
 def run(args: argparse.Namespace) -> int:

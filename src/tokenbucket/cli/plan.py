@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from tokenbucket._exceptions import ConfigError, UsageError
+from tokenbucket._exceptions import ConfigError, OversizeError, UsageError
 from tokenbucket.cli._common import (
     _add_model_flags,
     _add_spec_flags,
@@ -456,21 +456,24 @@ def run(args: argparse.Namespace) -> int:
             cost = CalibratedCostModel(cost, calibration)  # type: ignore[assignment]
             meta["calibration"] = {"file": str(args.calibration), "source": calibration.source,
                                    "step_time": calibration.step_time.to_dict()}  # fmt: skip
-        manifest = _builder(args)(
-            sources,
-            spec,
-            cost,
-            args.out,
-            budget_bytes=budget,
-            max_buckets=args.max_buckets,
-            mode=args.plan_mode,
-            on_oversize=args.on_oversize,
-            on_invalid=args.on_invalid,
-            meta=meta,
-            force=args.force,
-            progress=progress_from_args(args),  # NOTE [ Progress on stderr ]: a bar per phase
-            **({"two_d": True} if args.buckets == "2d" else {}),
-        )
+        try:
+            manifest = _builder(args)(
+                sources,
+                spec,
+                cost,
+                args.out,
+                budget_bytes=budget,
+                max_buckets=args.max_buckets,
+                mode=args.plan_mode,
+                on_oversize=args.on_oversize,
+                on_invalid=args.on_invalid,
+                meta=meta,
+                force=args.force,
+                progress=progress_from_args(args),  # NOTE [ Progress on stderr ]: a bar per phase
+                **({"two_d": True} if args.buckets == "2d" else {}),
+            )
+        except OversizeError as exc:  # the way out in this command's words, not the library's
+            raise OversizeError(exc.worded("--on-oversize reject")) from None
     summary = manifest.summary()  # the manifest's own counts: invalid rows are rejected too
     if args.json:
         extra = {"staged": meta["model"]} if staged else {}

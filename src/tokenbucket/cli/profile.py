@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from tokenbucket import _values as V
 from tokenbucket._exceptions import ConfigError, UsageError
 from tokenbucket._progress import progress
 from tokenbucket.cli._common import (
@@ -38,6 +39,7 @@ from tokenbucket.cli._staged import (
 )
 from tokenbucket.cost.measured import Profile
 from tokenbucket.cost.memory import CostModel
+from tokenbucket.cost.model import ModelSpec
 from tokenbucket.cost.profile import default_dtype, profile_memory, profile_points
 from tokenbucket.cost.staged import ERROR_BAND, StagedCostModel
 from tokenbucket.cost.staged_length import StagedLengthModel, staged_profile_key
@@ -128,6 +130,38 @@ def _load_factory(target: str) -> Callable[..., Any]:
     return factory
 
 
+# the most elements one fake tensor may have (its sizes are int64; NOTE [ What the profiler builds ])
+MAX_ELEMENTS = 2**62
+
+
+def _check_buildable(model: ModelSpec, batch: int, lengths: list[int]) -> None:
+    """The shapes the profiler would build, refused up front when no tensor can have them.
+
+    NOTE [ What the profiler builds ]
+    The profiler builds the model and runs it on fake tensors: they take no memory, but each
+    layer is a module and each tensor's element count is an int64, so a --layers or a --batch x
+    --length that the cost verb prices by formula (any size) cannot be built here. The layer
+    count is bounded as a config's is (NOTE [ Layer counts are bounded ] in tokenbucket._values),
+    and the largest tensors of a block (its weights, its activations, eager attention's scores)
+    must hold at most MAX_ELEMENTS elements.
+    """
+    if model.layers > V.MAX_LAYERS:
+        raise UsageError(f"--layers should be at most {V.MAX_LAYERS} to build and measure, but got {model.layers}")
+    longest = max(lengths, default=1)
+    width = max(model.hidden, model.ffn)
+    tensors = (
+        ("the weights (hidden x MLP width)", model.hidden * width),
+        ("the activations (batch x length x width)", batch * longest * width),
+        ("the attention scores (batch x heads x length²)", batch * model.heads * longest * longest),
+    )
+    for what, elements in tensors:
+        if elements > MAX_ELEMENTS:
+            raise UsageError(
+                f"--batch {batch}, --length {longest} and the model's sizes make {what} {elements:.3g} elements, "
+                f"more than a tensor can hold (2**62): measure smaller shapes"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.hf_config is not None:
         return _run_hf(args)
@@ -138,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
     refuse_staged_flags(args, extra=("steps", "vision_share", "bounds_of"))
     model = model_from_args(args)
     gpu = gpu_from_args(args)  # before measuring: an unknown --gpu fails now, not after the grid
+    _check_buildable(model, args.batch, args.length or [])
     if args.save is not None and len(set(args.length or [])) < 2:
         raise UsageError(
             f"--save needs two or more --length values (a fit separates the per-token and the per-token² "

@@ -202,7 +202,7 @@ class Calibration:
         if path.exists():
             try:
                 old = json.loads(path.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
                 old = None
             if not (isinstance(old, dict) and old.get("format") == CALIBRATION_FORMAT):
                 raise ConfigError(f"{str(path)!r} exists and is not a calibration; give a new file name")
@@ -222,7 +222,7 @@ def load_calibration(path: str | Path) -> Calibration:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
         raise ConfigError(f"{source} cannot be read: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # (nested too deeply)
         raise ConfigError(f"{source} is not JSON ({exc})") from None
     return Calibration.from_dict(data, source=source)
 

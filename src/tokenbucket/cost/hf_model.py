@@ -28,6 +28,8 @@ __all__ = ["STAGED_PRESETS", "ActionExpert", "Projector", "StagedModel", "Vision
 
 Norm = Literal["layernorm", "rmsnorm"]
 
+MAX_MLP_RATIO = 64  # a Qwen2-VL tower's MLP width over its width (4 in every published config)
+
 
 def _norm(kind: Norm, dim: int) -> int:
     return 2 * dim if kind == "layernorm" else dim
@@ -240,15 +242,23 @@ def _vision_tower(cfg: HFConfig) -> VisionTower:
             key = alias
         return int(cfg.get(table, where, key, defaults.get(key)))
 
+    width_key = "embed_dim" if vt == "qwen2_vl_vision" else "hidden_size"
+    heads_key = "num_heads" if vt.startswith("qwen2") else "num_attention_heads"
+    width, heads = num(width_key), num(heads_key)
+    cfg.check_divides(where, heads_key, heads, width_key, width)
     if vt == "qwen2_vl_vision":
-        width = num("embed_dim")
         ratio = float(cfg.get(table, where, "mlp_ratio", defaults["mlp_ratio"], float))
-        common: dict[str, Any] = {"hidden": width, "ffn": int(width * ratio)}
+        if not 0 < ratio <= MAX_MLP_RATIO:  # (nan fails too)
+            raise ConfigError(
+                f"config.json {cfg.path!r}: key {where}.mlp_ratio should be a number in (0, {MAX_MLP_RATIO}], "
+                f"but got {ratio!r}"
+            )
+        common: dict[str, Any] = {"hidden": width, "ffn": max(1, int(width * ratio))}
     elif vt == "qwen2_5_vl_vision":
-        common = {"hidden": num("hidden_size"), "ffn": num("intermediate_size"), "gated_mlp": True, "norm": "rmsnorm"}
+        common = {"hidden": width, "ffn": num("intermediate_size"), "gated_mlp": True, "norm": "rmsnorm"}
     if vt.startswith("qwen2"):
         return VisionTower(
-            name=vt, layers=num("depth"), heads=num("num_heads"), patch=num("patch_size"),
+            name=vt, layers=num("depth"), heads=heads, patch=num("patch_size"),
             temporal_patch=num("temporal_patch_size"), merge=num("spatial_merge_size"),
             channels=num("in_channels", "in_chans"), learned_positions=False, patch_bias=False, post_norm=False,
             **common,
@@ -258,7 +268,7 @@ def _vision_tower(cfg: HFConfig) -> VisionTower:
     # LLaVA / LLaVA-NeXT read hidden_states[vision_feature_layer]; the others the last hidden state
     reads_hidden = cfg.model_type in ("llava", "llava_next")
     return VisionTower(
-        name=vt, hidden=num("hidden_size"), layers=layers, heads=num("num_attention_heads"),
+        name=vt, hidden=width, layers=layers, heads=heads,
         ffn=num("intermediate_size"), patch=num("patch_size"), image_size=num("image_size"),
         channels=num("num_channels"), class_token=vt == "clip_vision_model", patch_bias=vt != "clip_vision_model",
         pre_norm=vt == "clip_vision_model", pooling_head=use_head,
@@ -332,6 +342,8 @@ def _backbone(cfg: HFConfig) -> tuple[ModelSpec, int, int, bool, str, int]:
 
     hidden, heads = num("hidden_size"), num("num_attention_heads")
     kv = num("num_key_value_heads", heads)
+    cfg.check_divides(where, "num_attention_heads", heads, "hidden_size", hidden)
+    cfg.check_divides(where, "num_key_value_heads", kv, "num_attention_heads", heads)
     head_dim = num("head_dim", hidden // heads) if tt != "qwen2_vl" and tt != "qwen2" else hidden // heads
     ffn = num("intermediate_size")
     tie = bool(cfg.get(table, where, "tie_word_embeddings", defaults["tie_word_embeddings"], bool))

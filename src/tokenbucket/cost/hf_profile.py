@@ -56,6 +56,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.parallel.distributed as ddp_module
 import transformers
+from huggingface_hub.errors import StrictDataclassError
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
@@ -428,7 +429,10 @@ class HFProfile:
 def transformers_config(cfg: HFConfig) -> tuple[Any, list[str]]:
     """The ``transformers`` config of ``cfg`` with sdpa attention, and notes on what was changed."""
     data = {k: v for k, v in cfg.config.items() if k not in ("model_type", "architectures", "transformers_version")}
-    config = transformers.AutoConfig.for_model(cfg.model_type, **data)
+    try:
+        config = transformers.AutoConfig.for_model(cfg.model_type, **data)
+    except (TypeError, ValueError, KeyError, StrictDataclassError) as exc:  # transformers' config class refuses a value
+        raise ConfigError(f"config.json {cfg.path!r}: transformers refuses it: {' '.join(str(exc).split())}") from None
     notes = []
     impl = "sdpa"
     if cfg.model_type == "gemma2" or (config.get_text_config().model_type == "gemma2"):

@@ -69,7 +69,7 @@ def apply_whatif(
         raise ConfigError(f"a what-if should look like NAME=VALUE (frames=32), but got {change!r}")
     try:
         value = json.loads(raw)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # not JSON (or nested too deeply): the text itself
         value = raw.strip()
     sample = dict(sample)
     if name == "batch":

@@ -143,7 +143,7 @@ def read_profile(path: str | Path, *, source: str | None = None) -> tuple[Profil
         raise ConfigError(f"{source} cannot be read: {exc.strerror or exc}") from None
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # (nested too deeply)
         raise ConfigError(f"{source} is not JSON ({exc})") from None
     return Profile.from_dict(data, source=source), hashlib.sha256(raw).hexdigest()
 

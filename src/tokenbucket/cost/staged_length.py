@@ -39,7 +39,6 @@ from tokenbucket.cost.step_time import (
     comm_bytes,
     optimizer_io_bytes,
 )
-from tokenbucket.tokens._hf_json import LLAVA_PINPOINTS
 from tokenbucket.tokens.breakdown import breakdown_table
 from tokenbucket.tokens.hf import image_tokens
 from tokenbucket.tokens.metadata import iter_metadata_batches
@@ -100,12 +99,10 @@ def default_image(cost: StagedCostModel) -> tuple[int, int] | None:
     if mt in _QWEN:
         return (448, 448)
     if mt == "llava_next" and cfg is not None:
-        pins = cfg.config.get("image_grid_pinpoints") or LLAVA_PINPOINTS
-        best = max(pins, key=lambda hw: image_tokens(cfg, int(hw[0]), int(hw[1])))
-        return (int(best[0]), int(best[1]))
+        best = max(cfg.pinpoints(), key=lambda hw: image_tokens(cfg, hw[0], hw[1]))
+        return (best[0], best[1])
     if mt in ("idefics3", "smolvlm") and cfg is not None:
-        size = cfg.preprocessor.get("size")
-        side = int(size.get("longest_edge", 4 * 364)) if isinstance(size, dict) else 4 * 364
+        side = cfg.idefics3_sizes()[0]
         return (side, side)
     side = model.vision[0].image_size or model.vision[0].patch
     return (side, side)

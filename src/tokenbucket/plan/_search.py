@@ -134,6 +134,6 @@ def oversize_record(
         raise OversizeError(
             f"{count:,} sample(s) {why}: the largest has {largest:,} tokens and needs {need / 2**30:,.2f} GiB "
             f"against a budget of {budget / 2**30:,.2f} GiB (the longest that fits is {longest:,} tokens). {fix}; "
-            f"or pass on_oversize='reject' to plan without them"
+            f"or pass {OversizeError.REJECT} to plan without them"
         )
     return {"count": count, "largest": largest, "largest_bytes": need, "longest_fitting": int(longest)}

@@ -253,7 +253,7 @@ def plan_buckets_2d(
                 f"{len(out):,} sample(s) do not fit the budget even alone: the longest has {int(ln[worst]):,} tokens "
                 f"({int(vi[worst]):,} of them image tokens) and needs {need / 2**30:,.2f} GiB against a budget of "
                 f"{budget_bytes / 2**30:,.2f} GiB. Fewer frames or cameras, a lower resolution, checkpointing or a "
-                f"bigger GPU would make them fit; or pass on_oversize='reject' to plan without them"
+                f"bigger GPU would make them fit; or pass {OversizeError.REJECT} to plan without them"
             )
         oversize = {
             "count": len(out),

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tokenbucket._exceptions import ConfigError, ManifestMismatchWarning
+from tokenbucket._exceptions import ConfigError, ManifestMismatchWarning, OversizeError
 from tokenbucket._progress import progress as progress_bar
 from tokenbucket.plan._manifest_io import (
     MANIFEST_FORMAT,
@@ -465,7 +465,7 @@ def manifest_part(
         if on_oversize == "error":
             key = good.column("key")[first].as_py()
             raise ConfigError(
-                f"row {int(idx[first])} (key {key!r}) has {what}, {where}; pass on_oversize='reject' or replan"
+                f"row {int(idx[first])} (key {key!r}) has {what}, {where}; pass {OversizeError.REJECT} or replan"
             )
         reason = pc.if_else(pa.array(over), text, pa.scalar(None, pa.string()))
     part = good.set_column(good.schema.get_field_index("index"), "index", pa.array(idx))
@@ -616,7 +616,7 @@ def _read_stamp(path: Path, raw: bytes) -> dict[str, Any]:
     """The footer's JSON object, refused with the file's name when damaged."""
     try:
         info = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # (RecursionError: nested too deeply)
         raise ConfigError(
             f"{str(path)!r} has a damaged footer: its '{META_KEY.decode()}' entry is not JSON ({exc})"
         ) from None

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokenbucket import _values as V
 from tokenbucket._config import json_object
 from tokenbucket._exceptions import ConfigError
 
@@ -56,6 +57,7 @@ ABSENT_VISION: dict[str, dict[str, Any]] = {
 VISION_TYPE = {k: str(v["model_type"]) for k, v in ABSENT_VISION.items()}
 VISION_TYPE["paligemma"] = "siglip_vision_model"
 LLAVA_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
+LAYER_KEYS = ("num_hidden_layers", "depth")  # NOTE [ Layer counts are bounded ] in tokenbucket._values
 IDEFICS3_MAX_IMAGE_SIZE = 4096  # the image processors' absolute cap on a resized side
 QWEN2_VL_PIXELS = (56 * 56, 28 * 28 * 1280)  # Qwen2VLImageProcessor: (min_pixels, max_pixels)
 
@@ -118,12 +120,58 @@ class HFConfig:
                 f"config.json {self.path!r}: key {_dotted(where, key)!r} should be "
                 f"{'a positive integer' if kind is int else kind.__name__}, but got {value!r}"
             )
+        if kind is int and key in LAYER_KEYS and value > V.MAX_LAYERS:  # NOTE [ Layer counts are bounded ]
+            raise ConfigError(
+                f"config.json {self.path!r}: key {_dotted(where, key)!r} should be at most {V.MAX_LAYERS} layers "
+                f"(the deepest published models have about 130), but got {value!r}"
+            )
         return value
+
+    def check_divides(self, where: str, part_key: str, part: int, whole_key: str, whole: int) -> None:
+        """``part`` (``part_key``'s value, e.g. the attention heads) divides ``whole`` (e.g. the width)."""
+        if whole % part:
+            raise ConfigError(
+                f"config.json {self.path!r}: key {_dotted(where, part_key)!r} should divide key "
+                f"{_dotted(where, whole_key)!r}, but got {part_key}={part}, {whole_key}={whole} "
+                f"({whole} / {part} = {whole / part:g})"
+            )
+
+    def pinpoints(self) -> list[list[int]]:
+        """LLaVA-NeXT's any-resolution grids (``image_grid_pinpoints``): ``[h, w]`` pairs of pixels."""
+        pins = self.config.get("image_grid_pinpoints") or LLAVA_PINPOINTS
+        if not isinstance(pins, list) or not all(isinstance(p, list) and len(p) == 2 and all(_side(v) for v in p)
+                                                 for p in pins):  # fmt: skip
+            raise ConfigError(
+                f"config.json {self.path!r}: key 'image_grid_pinpoints' should be a list of [h, w] pairs of "
+                f"positive integers up to {V.MAX_SIDE}, but got {pins!r:.80}"
+            )
+        return pins
+
+    def idefics3_sizes(self) -> tuple[int, int, bool]:
+        """Idefics3 / SmolVLM: (longest edge after resize, tile side, split into tiles), from the
+        preprocessor's ``size.longest_edge``, ``max_image_size.longest_edge`` and
+        ``do_image_splitting`` (or the image processor's defaults: 1456, 364, true)."""
+        sides = []
+        for key, default in (("size", 4 * 364), ("max_image_size", 364)):
+            table = self.preprocessor.get(key)
+            value = table.get("longest_edge", default) if isinstance(table, dict) else default
+            if not _side(value):
+                raise ConfigError(
+                    f"preprocessor_config.json next to {self.path!r}: key '{key}.longest_edge' should be a positive "
+                    f"integer up to {V.MAX_SIDE}, but got {value!r}"
+                )
+            sides.append(int(value))
+        return sides[0], sides[1], bool(self.preprocessor.get("do_image_splitting", True))
 
     def vision_int(self, key: str) -> int:
         """An integer of the vision tower, with its model_type's default."""
         table, where = self.section("vision_config")
         return int(self.get(table, where, key, VISION_DEFAULTS[str(table["model_type"])].get(key)))
+
+
+def _side(value: object) -> bool:
+    """An image side in pixels: a positive integer within NOTE [ Value bounds ]."""
+    return type(value) is int and 1 <= value <= V.MAX_SIDE
 
 
 def _dotted(where: str, key: str) -> str:

@@ -358,10 +358,7 @@ def breakdown_table(
 
     # keys
     if cols.key is not None:
-        key_arr = _flat(_column(table, cols.key))
-        if not (pa.types.is_string(key_arr.type) or pa.types.is_large_string(key_arr.type)):
-            key_arr = pc.cast(key_arr, pa.string())
-        key_arr = _utf8_keys(key_arr, problems, cols.key)
+        key_arr = _utf8_keys(_text_keys(_flat(_column(table, cols.key)), cols.key), problems, cols.key)
         if key_arr.null_count:
             idx = np.flatnonzero(np.asarray(key_arr.is_null()))
             problems.add(idx, _P_KEY, V.R_NULL, cols.key, None)
@@ -454,6 +451,28 @@ def breakdown_table(
     if keep is not None:
         result = result.filter(pa.array(keep))
     return Breakdowns(table=result, rejected=rejected)
+
+
+def _text_keys(keys: pa.Array, column: str) -> pa.Array:
+    """The key column as text: string keys as they are, binary keys as the same bytes (a view:
+    a cast would stop at the first invalid UTF-8 key, which :func:`_utf8_keys` names by row
+    instead), numbers as their digits; a column of lists or structs holds no keys."""
+    kind = keys.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return keys
+    if pa.types.is_fixed_size_binary(kind):
+        keys = keys.cast(pa.binary())
+    if pa.types.is_binary(keys.type):
+        return keys.view(pa.string())
+    if pa.types.is_large_binary(keys.type):
+        return keys.view(pa.large_string())
+    try:
+        return pc.cast(keys, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        first = next((v for v in keys.to_pylist() if v is not None), None) if len(keys) else None
+        raise MetadataError(
+            f"should hold text or numbers, one key a row ({kind} here)", column=column, value=first
+        ) from None
 
 
 def _utf8_keys(keys: pa.Array, problems: A.Problems, column: str) -> pa.Array:

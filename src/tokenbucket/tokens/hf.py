@@ -23,7 +23,6 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.tokens._hf_json import (
     DECODER_TYPES,
     IDEFICS3_MAX_IMAGE_SIZE,
-    LLAVA_PINPOINTS,
     QWEN2_VL_PIXELS,
     SUPPORTED_MODEL_TYPES,
     HFConfig,
@@ -68,15 +67,6 @@ def _qwen_pixels(cfg: HFConfig) -> tuple[int, int]:
     return out[0], out[1]
 
 
-def _idefics3_sizes(cfg: HFConfig) -> tuple[int, int, bool]:
-    """(longest edge after resize, tile side, split into tiles) from the preprocessor (or the class defaults)."""
-    pre = cfg.preprocessor
-    size, tile = pre.get("size"), pre.get("max_image_size")
-    longest = size.get("longest_edge", 4 * 364) if isinstance(size, dict) else 4 * 364
-    side = tile.get("longest_edge", 364) if isinstance(tile, dict) else 364
-    return int(longest), int(side), bool(pre.get("do_image_splitting", True))
-
-
 def image_seq_len(cfg: HFConfig) -> int:
     """LLM tokens of one Idefics3 / SmolVLM tile: ``(image_size // patch)**2 // scale_factor**2``."""
     side, patch = _fixed_side(cfg)
@@ -117,7 +107,7 @@ def token_spec_from_hf(path: str | Path | HFConfig) -> TokenSpec:
     side, patch = _fixed_side(cfg)
     if mt in ("idefics3", "smolvlm"):
         # NOTE [ HF image tokens ]: the nearest constant is a 4x4 grid plus the global tile.
-        longest, tile, split = _idefics3_sizes(cfg)
+        longest, tile, split = cfg.idefics3_sizes()
         tiles = (math.ceil(longest / tile) ** 2 + 1) if split and longest > tile else 1
         return TokenSpec(patch=patch, tokens_per_frame=tiles * image_seq_len(cfg), **rules)  # type: ignore[arg-type]
     return TokenSpec(
@@ -169,10 +159,7 @@ def _best_resolution(height: int, width: int, pinpoints: list[list[int]]) -> tup
 
 def _llava_next_tokens(cfg: HFConfig, height: int, width: int) -> int:
     side, patch = _fixed_side(cfg)
-    pins = cfg.config.get("image_grid_pinpoints") or LLAVA_PINPOINTS
-    if not isinstance(pins, list) or not all(isinstance(p, list) and len(p) == 2 for p in pins):
-        raise ConfigError(f"config.json {cfg.path!r}: key 'image_grid_pinpoints' should be a list of [h, w] pairs")
-    best_h, best_w = _best_resolution(height, width, pins)
+    best_h, best_w = _best_resolution(height, width, cfg.pinpoints())
     grid = side // patch
     cur_h, cur_w = grid * (best_h // side), grid * (best_w // side)
     if width / height > cur_w / cur_h:
@@ -186,7 +173,7 @@ def _llava_next_tokens(cfg: HFConfig, height: int, width: int) -> int:
 
 
 def _idefics3_tiles(cfg: HFConfig, height: int, width: int) -> int:
-    longest, tile, split = _idefics3_sizes(cfg)
+    longest, tile, split = cfg.idefics3_sizes()
     if not split:
         return 1
     ratio = width / height  # longest side to ``longest``, the other keeps the ratio (rounded up to even)
@@ -298,6 +285,6 @@ def vision_inputs(config: str | Path | HFConfig, height: int, width: int) -> Vis
     if mt in ("idefics3", "smolvlm"):
         return VisionInputs(_idefics3_tiles(cfg, height, width), grid, llm)
     if mt == "llava_next":
-        best_h, best_w = _best_resolution(height, width, cfg.config.get("image_grid_pinpoints") or LLAVA_PINPOINTS)
+        best_h, best_w = _best_resolution(height, width, cfg.pinpoints())
         return VisionInputs((best_h // side) * (best_w // side) + 1, grid + 1, llm)
     return VisionInputs(1, grid + (1 if mt == "llava" else 0), llm)

@@ -108,7 +108,14 @@ def _read_one(
         table = pcsv.read_csv(path, convert_options=_csv_options(key))
     if columns is not None:
         table = table.select([c for c in columns if c in table.column_names])
+    _column_names(table.schema)
     return table
+
+
+def _column_names(schema: pa.Schema) -> list[str]:
+    """The schema's column names, decoded now: a reader hands a header that is not UTF-8 on as
+    it is, and it would fail (``UnicodeDecodeError``) wherever a name is first read."""
+    return [str(name) for name in schema.names]
 
 
 def metadata_paths(source: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -137,7 +144,10 @@ def count_rows(paths: Sequence[Path], format: str | None = None) -> int | None:
     for p in paths:
         if _format_of(p, format) != "parquet":
             return None
-        total += pq.ParquetFile(p).metadata.num_rows
+        try:
+            total += pq.ParquetFile(p).metadata.num_rows
+        except (pa.ArrowInvalid, OSError) as exc:  # a 0-byte or cut file: the reader's words, with the file's name
+            raise ConfigError(f"cannot read {str(p)!r} as parquet: {exc}") from None
     return total
 
 
@@ -162,13 +172,14 @@ def iter_metadata_batches(
         try:
             if fmt == "parquet":
                 pf = pq.ParquetFile(path)
-                cols = None if columns is None else [c for c in columns if c in pf.schema_arrow.names]
+                cols = None if columns is None else [c for c in columns if c in _column_names(pf.schema_arrow)]
                 for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):
                     yield pa.Table.from_batches([batch])
             elif fmt == "csv":
                 reader = pcsv.open_csv(
                     path, read_options=pcsv.ReadOptions(block_size=64 << 20), convert_options=_csv_options(key)
                 )
+                _column_names(reader.schema)
                 pending: list[pa.RecordBatch] = []
                 rows = 0
                 for batch in reader:
@@ -183,7 +194,7 @@ def iter_metadata_batches(
                 table = _read_one(path, fmt, columns, key, absent)
                 for start in range(0, table.num_rows, batch_rows):
                     yield table.slice(start, batch_rows)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read {str(path)!r} as {fmt}: {exc}") from None
 
 
@@ -218,7 +229,7 @@ def read_metadata(
         fmt = _format_of(p, format)
         try:
             tables.append(_read_one(p, fmt, columns, key, absent))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, UnicodeDecodeError) as exc:
             hint = " (JSON metadata must be one object per line)" if fmt == "jsonl" else ""
             raise ConfigError(f"cannot read {str(p)!r} as {fmt}{hint}: {exc}") from None
     if len(tables) == 1:

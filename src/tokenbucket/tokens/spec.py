@@ -33,10 +33,14 @@ Resize = Literal["pad", "crop", "fixed", "max_pixels"]
 RESIZE_POLICIES: tuple[str, ...] = ("pad", "crop", "fixed", "max_pixels")
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
+def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    """``value`` is an integer in ``[minimum, maximum]``; the maximum keeps every token count in
+    int64 (NOTE [ Value bounds ]: a spec's sizes are bounded like the metadata's)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ConfigError(f"{name} should be {kind}, but got {name}={value!r}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} should be at most {maximum}, but got {name}={value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,12 +93,12 @@ class CameraSpec:
     special_per_camera: int = 0
 
     def __post_init__(self) -> None:
-        _check_int("patch", self.patch, 1)
-        _check_int("merge", self.merge, 1)
-        _check_int("tubelet", self.tubelet, 1)
-        _check_int("special_per_frame", self.special_per_frame, 0)
-        _check_int("special_per_camera", self.special_per_camera, 0)
-        _check_int("min_pixels", self.min_pixels, 0)
+        _check_int("patch", self.patch, 1, V.MAX_SIDE)
+        _check_int("merge", self.merge, 1, V.MAX_SIDE)
+        _check_int("tubelet", self.tubelet, 1, V.MAX_FRAMES)
+        _check_int("special_per_frame", self.special_per_frame, 0, V.MAX_TOKENS)
+        _check_int("special_per_camera", self.special_per_camera, 0, V.MAX_TOKENS)
+        _check_int("min_pixels", self.min_pixels, 0, V.MAX_SIDE**2)
         if self.resize not in RESIZE_POLICIES:
             raise ConfigError(f"resize should be one of {list(RESIZE_POLICIES)}, but got resize={self.resize!r}")
         if not isinstance(self.causal_first_frame, bool):
@@ -102,18 +106,18 @@ class CameraSpec:
                 f"causal_first_frame should be a bool, but got causal_first_frame={self.causal_first_frame!r}"
             )
         if self.tokens_per_frame is not None:
-            _check_int("tokens_per_frame", self.tokens_per_frame, 1)
+            _check_int("tokens_per_frame", self.tokens_per_frame, 1, V.MAX_TOKENS)
         if self.fixed_size is not None:
             size = tuple(self.fixed_size)
             if len(size) != 2:
                 raise ConfigError(f"fixed_size should be (height, width), but got fixed_size={self.fixed_size!r}")
-            _check_int("fixed_size height", size[0], 1)
-            _check_int("fixed_size width", size[1], 1)
+            _check_int("fixed_size height", size[0], 1, V.MAX_SIDE)
+            _check_int("fixed_size width", size[1], 1, V.MAX_SIDE)
             object.__setattr__(self, "fixed_size", (int(size[0]), int(size[1])))
         if self.resize == "fixed" and self.fixed_size is None:
             raise ConfigError('resize="fixed" needs fixed_size=(height, width), but got fixed_size=None')
         if self.max_pixels is not None:
-            _check_int("max_pixels", self.max_pixels, 1)
+            _check_int("max_pixels", self.max_pixels, 1, V.MAX_SIDE**2)
         if self.resize == "max_pixels":
             if self.max_pixels is None:
                 raise ConfigError('resize="max_pixels" needs max_pixels, but got max_pixels=None')
@@ -362,7 +366,7 @@ class TokenSpec(CameraSpec):
             raise ConfigError(f"camera_names should be a list of names, but got {self.camera_names!r}")
         object.__setattr__(self, "camera_names", tuple(str(n) for n in self.camera_names))
         if self.camera_slots is not None:
-            _check_int("camera_slots", self.camera_slots, 1)
+            _check_int("camera_slots", self.camera_slots, 1, V.MAX_CAMERAS)
         if isinstance(self.columns, Mapping):
             object.__setattr__(self, "columns", ColumnMap(**self.columns))
         overrides: dict[str, dict[str, Any]] = {}
