@@ -70,8 +70,13 @@ def _worker(rank: int, port: int, out: str, before: bool, ckpt: str) -> None:
         caught = ""
     except ConfigError as exc:
         caught = str(exc)
+    try:  # the ordinary path, as accelerate's documentation teaches it: refused at its first batch
+        first_batch = f"trained on {next(iter(wrapped))['ids'].tolist()}"
+    except ConfigError as exc:
+        first_batch = str(exc)
+    assert (sampler.epoch, sampler.step) == (0, 0)  # the refusal moved nothing
     loader = prepare_loader(accelerator, wrapped)  # unwraps it and prepares it right
-    record: dict[str, Any] = {"caught": caught, "epochs": [], "resumed": []}
+    record: dict[str, Any] = {"caught": caught, "first_batch": first_batch, "epochs": [], "resumed": []}
     for epoch in (0, 1):
         loader.set_epoch(epoch)
         steps = []
@@ -106,6 +111,8 @@ def test_accelerate_gloo_two_ranks_every_sample_once_and_exact_resume(tmp_path: 
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in ranks:
         assert "prepare_loader(accelerator, loader)" in r["caught"]
+        assert "split the tokenbucket batch sampler again over 2 processes" in r["first_batch"]
+        assert "prepare_loader(accelerator, loader)" in r["first_batch"] and "\n" not in r["first_batch"]
     for epoch in (0, 1):
         per_rank = [r["epochs"][epoch] for r in ranks]
         assert len(per_rank[0]) == len(per_rank[1]) > STOP  # equal steps

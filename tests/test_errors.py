@@ -34,6 +34,8 @@ BUILT_ERRORS: dict[tuple[str, str], type[errors.TokenbucketError]] = {
     ("tokenbucket.tokens.breakdown", "row.fail"): errors.MetadataError,  # _Row.fail -> a MetadataError subclass
     ("tokenbucket.tokens.breakdown", "self.fail"): errors.MetadataError,
     ("tokenbucket.tokens.breakdown", "cls"): errors.MetadataError,  # _ERROR_CLASS.get(reason, InvalidValueError)
+    ("tokenbucket.train.sampler", "resplit_error"): errors.ConfigError,  # one message for the sampler and accelerate
+    ("tokenbucket.train.accelerate", "resplit_error"): errors.ConfigError,
 }
 
 

@@ -25,10 +25,16 @@ NOTE [ Accelerate's epoch counter ]
 A prepared loader calls ``set_epoch(n)`` as each pass starts, ``n`` counting its own passes from
 0 in this process (or the last ``loader.set_epoch``). After ``load_state`` in a fresh process
 that would send a sampler resumed in epoch 2 back to epoch 0, step 0. The batch sampler is
-therefore given to accelerate behind :class:`FollowEpoch`, which never moves the sampler back
-before its own epoch (nor before the next one, once that epoch is done). Resuming is the
-sampler's: its ``load_state_dict`` skips the done batches itself, so do not also call
+therefore given to accelerate behind :class:`FollowEpoch`, which passes on only an epoch later
+than the sampler's own, or the next one for a sampler resumed at the end of its epoch; after a
+pass the sampler moves on to its next epoch by itself (NOTE [ An epoch moves on by itself ] in
+sampler.py). Resuming is the sampler's: its
+``load_state_dict`` skips the done batches itself, so do not also call
 ``accelerator.skip_first_batches`` (it would skip them twice).
+
+The ordinary path, ``accelerator.prepare(model, optimizer, loader)`` over a tokenbucket batch
+sampler, is refused as its first batch is drawn, naming :func:`prepare_loader` (NOTE [ Who draws
+the batches ] in sampler.py).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from accelerate.data_loader import BatchSamplerShard, prepare_data_loader  # typ
 from torch.utils.data import DataLoader, Sampler
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.train.sampler import resplit_error
 
 __all__ = ["FollowEpoch", "LoaderPosition", "RankAwareBatches", "check_not_resharded", "prepare_loader", "tracker_sink"]
 
@@ -76,8 +83,10 @@ class FollowEpoch(Sampler[list[int]]):
 
     def set_epoch(self, epoch: int) -> None:
         s = self.batches
-        done = s.step > 0 and s.step >= len(s)  # its epoch is over: the next pass is the next epoch
-        s.set_epoch(max(int(epoch), s.epoch + int(done)))
+        if int(epoch) > s.epoch:  # never back (NOTE [ Accelerate's epoch counter ])
+            s.set_epoch(int(epoch))
+        elif s.step > 0 and s.step >= len(s):  # resumed at the end of its epoch: the next pass is the next epoch
+            s.set_epoch(s.epoch + 1)
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches)
@@ -186,7 +195,8 @@ class LoaderPosition:
 
 
 def check_not_resharded(loader: DataLoader[Any]) -> None:
-    """Raise if ``accelerator.prepare`` split a tokenbucket loader again (NOTE [ Accelerate shards twice ]).
+    """Raise if ``accelerator.prepare`` split a tokenbucket loader again (NOTE [ Accelerate shards twice ]);
+    the sampler itself refuses such a loader as its first batch is drawn, this says it before.
 
     Raises:
         ConfigError: naming :func:`prepare_loader` as the fix.
@@ -195,11 +205,7 @@ def check_not_resharded(loader: DataLoader[Any]) -> None:
     if isinstance(shard, BatchSamplerShard) and shard.num_processes > 1:
         inner = shard.batch_sampler
         if isinstance(inner, RankAwareBatches | FollowEpoch):
-            raise ConfigError(
-                f"accelerator.prepare split the tokenbucket batch sampler again over {shard.num_processes} "
-                f"processes (half the samples lost, buckets mixed): prepare the loader with "
-                f"tokenbucket.train.accelerate.prepare_loader(accelerator, loader) instead"
-            )
+            raise resplit_error(shard.num_processes)
 
 
 def tracker_sink(accelerator: Accelerator, *, prefix: str = "tokenbucket/") -> Callable[[Mapping[str, object]], None]:

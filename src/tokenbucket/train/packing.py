@@ -42,13 +42,13 @@ from tokenbucket.train.batch import BatchInfo, BucketedData, EmptyRow, pad_rows,
 from tokenbucket.train.risk import check_planned_model
 from tokenbucket.train.sampler import (
     POSITION_KEYS,
+    EpochPosition,
     RankAware,
-    StepIndices,
     empty_row,
+    pass_caller,
     position_of,
     resume_position,
     sampler_state,
-    with_position,
 )
 
 if TYPE_CHECKING:  # typing_extensions comes with torch; Unpack is in typing from 3.11
@@ -261,7 +261,7 @@ class PackedOptions(TypedDict, total=False):
     pool: int
 
 
-class PackedBatchSampler(RankAware, Sampler[list[int]]):
+class PackedBatchSampler(EpochPosition, RankAware, Sampler[list[int]]):
     """One rank's packed batches for ``DataLoader(batch_sampler=...)``, with
     :class:`PackedCollate`: each batch is its rows' indices, rows concatenated.
 
@@ -299,7 +299,7 @@ class PackedBatchSampler(RankAware, Sampler[list[int]]):
         self.pack_length, self.rows_per_batch = int(pack_length), int(rows_per_batch)
         self.plan_id, self.seed, self.shuffle, self.pool = plan_id, int(seed), shuffle, pool
         self.mode = "packed"
-        self.epoch = self.step = self._resume = 0
+        self._init_position()  # NOTE [ An epoch moves on by itself ]
         self._cache: tuple[tuple[int, int], list[list[int]]] | None = None  # (epoch, world size) → batches
 
     @classmethod
@@ -325,14 +325,14 @@ class PackedBatchSampler(RankAware, Sampler[list[int]]):
         valid = manifest.table.column("bucket").to_numpy() >= 0
         return cls(lengths, b.bound, b.batch_size, plan_id=manifest.content_hash, valid=valid, **kwargs)
 
-    def _batches(self) -> list[list[int]]:
-        key = (self.epoch, self.world_size)  # NOTE [ Rank at iteration ]
+    def _batches(self, epoch: int | None = None) -> list[list[int]]:
+        key = (self.epoch if epoch is None else epoch, self.world_size)  # NOTE [ Rank at iteration ]
         if self._cache is None or self._cache[0] != key:
             rows = pack_rows(
                 self.lengths[self.members],
                 self.pack_length,
                 seed=self.seed,
-                epoch=self.epoch,
+                epoch=key[0],
                 pool=self.pool,
                 shuffle=self.shuffle,
             )
@@ -343,27 +343,19 @@ class PackedBatchSampler(RankAware, Sampler[list[int]]):
             self._cache = (key, batches)
         return self._cache[1]
 
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self.step = self._resume = 0
-        self.epoch = int(epoch)
-
-    def __len__(self) -> int:
-        return len(self._batches()) // self.world_size
+    def _epoch_length(self, epoch: int) -> int:
+        return len(self._batches(epoch)) // self.world_size
 
     def __iter__(self) -> Iterator[list[int]]:
+        start = self._begin_pass(pass_caller())  # NOTE [ An epoch moves on by itself ]
         batches = self._batches()
         rank, world = self.rank, self.world_size  # read once, as the epoch starts
-        start, self._resume = self._resume, 0
-        for s in range(start, len(batches) // world):
-            self.step = s + 1
-            yield StepIndices.of(batches[s * world + rank], self.epoch, s + 1)
+        yield from self._pass(lambda s: batches[s * world + rank], len(batches) // world, start)
 
     def state_dict(self, *, after: BatchInfo | None = None) -> dict[str, Any]:
         """Where the sampler stands (``after``: as for :meth:`BucketBatchSampler.state_dict`)."""
-        return with_position(sampler_state(self, self.STATE_KEYS), after)
+        return self._state(self.STATE_KEYS, after)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         mine = sampler_state(self, self.STATE_KEYS, identity_only=True)  # NOTE [ Sampler state keys ]
-        self.epoch, step = resume_position(state, mine, "packed sampler")
-        self.step = self._resume = step
+        self._load_position(*resume_position(state, mine, "packed sampler"))

@@ -25,14 +25,19 @@ State (``state_dict``, torchdata's ``StatefulDataLoader`` protocol): ``epoch``, 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import numbers
+import sys
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import numpy as np
 import torch.distributed as dist
 from torch.utils.data import Sampler
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
 from tokenbucket._exceptions import ConfigError, StateError
 from tokenbucket.plan._search import OversizeSampleError, PredictsMemory, dynamic_batches
@@ -46,12 +51,14 @@ __all__ = [
     "BucketBatchSampler",
     "DynamicFill",
     "Epoch",
+    "EpochPosition",
     "RankAware",
     "SamplerOptions",
     "StepIndices",
     "empty_row",
     "epoch_steps",
     "members_by_bucket",
+    "resplit_error",
     "state_count",
 ]
 
@@ -291,7 +298,144 @@ class RankAware:
         self._set_rank_world(self._rank_arg, value)
 
 
-class BucketBatchSampler(RankAware, Sampler[list[int]]):
+def resplit_error(processes: int) -> ConfigError:
+    """The error for an ``accelerator.prepare`` that splits a tokenbucket batch sampler again
+    (NOTE [ Accelerate shards twice ] in train/accelerate.py)."""
+    return ConfigError(
+        f"accelerator.prepare split the tokenbucket batch sampler again over {processes} processes (it already "
+        f"yields only this rank's batches: half the samples would be lost and ranks would train different "
+        f"buckets): prepare the loader with tokenbucket.train.accelerate.prepare_loader(accelerator, loader)"
+    )
+
+
+def pass_caller() -> FrameType | None:
+    """The frame that advanced the generator this is called from (its first ``next``)."""
+    frame = inspect.currentframe()
+    return frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+
+
+def _drawn_by(frame: FrameType | None) -> _BaseDataLoaderIter | None:
+    """The torch DataLoader iterator a pass is drawn by, when it draws from the sampler directly
+    (``frame``: the pass's caller); refuses a wrapper that splits the batches again by process.
+
+    NOTE [ Who draws the batches ]
+    Two silent failures are decided by what iterates the sampler, which only the caller's frame
+    tells: accelerate's ``BatchSamplerShard`` (``accelerator.prepare(loader)``) keeps every n-th of
+    this rank's batches, and a plain ``DataLoader`` with workers draws batches ahead of training. So a
+    pass looks at the few frames above it once, as it starts: a ``BatchSamplerShard`` over more than
+    one process is refused at the first batch, naming ``prepare_loader``; a torch
+    ``_MultiProcessingDataLoaderIter`` that draws from the sampler itself (no wrapper between that
+    could drop batches) is remembered, weakly, so ``state_dict()`` counts the batches it has *handed
+    out* (its ``_num_yielded``) rather than the batches drawn (NOTE [ Position through the workers ]).
+    Any other caller (torchdata's ``StatefulDataLoader``, which saves the sampler's own count and
+    accounts for prefetch itself; a loop; a wrapper) leaves the sampler's own count in place.
+    """
+    shard_type = getattr(sys.modules.get("accelerate.data_loader"), "BatchSamplerShard", None)
+    direct = True
+    for _ in range(8):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, _BaseDataLoaderIter):
+            return owner if direct and type(owner) is _MultiProcessingDataLoaderIter else None
+        if shard_type is not None and isinstance(owner, shard_type) and int(owner.num_processes) > 1:
+            raise resplit_error(int(owner.num_processes))
+        direct = False
+        frame = frame.f_back
+    return None
+
+
+class EpochPosition:
+    """Where a batch sampler stands, and where its next pass starts: ``epoch``, ``step`` (batches
+    yielded this epoch), ``set_epoch``, the position a state holds.
+
+    NOTE [ An epoch moves on by itself ]
+    ``DistributedSampler`` replays its epoch until ``set_epoch`` is called, and many loops never call
+    it on a batch sampler: Lightning without ``BucketSamplerCallback`` (its own ``set_epoch`` reaches
+    ``loader.sampler`` only), the HF ``Trainer`` or ``Trainer.fit`` handed a plain loader, a
+    hand-written loop. Each would train epoch 0's order in every epoch. So a pass that starts with no
+    ``set_epoch`` / ``load_state_dict`` since the previous pass began is the next epoch, from its
+    first batch. An explicit ``set_epoch(e)`` wins: the next pass is epoch ``e`` (from the start, or
+    from a loaded position in ``e``; a state saved at the end of an epoch resumes to an empty pass,
+    and the pass after it is the next epoch).
+    ``epoch`` and ``step`` always say where the sampler is, so its state and a resume stay exact;
+    ``len()`` between passes is the length of the epoch the next pass will be.
+    """
+
+    epoch: int
+    step: int
+
+    def _init_position(self) -> None:
+        self.epoch = self.step = 0
+        self._resume_step = 0  # where the next pass starts in its epoch (a loaded position)
+        self._armed = True  # the next pass is the epoch set (construction, set_epoch, load_state_dict)
+        self._open = False  # a pass is under way
+        self._feeder: weakref.ReferenceType[_BaseDataLoaderIter] | None = None  # NOTE [ Who draws the batches ]
+        self._fed_from = 0  # the step the feeder's pass started at
+
+    def _epoch_length(self, epoch: int) -> int:
+        """Batches this rank yields in ``epoch`` (each sampler says)."""
+        raise AssertionError(f"{type(self).__name__} does not say how long an epoch is")
+
+    def _next_pass(self) -> tuple[int, int]:
+        """The ``(epoch, step)`` the next pass starts at (NOTE [ An epoch moves on by itself ])."""
+        return (self.epoch, self._resume_step) if self._armed else (self.epoch + 1, 0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` with the next pass (call it before each epoch, as with
+        ``DistributedSampler``; a sampler iterated again without it moves on to the next epoch)."""
+        if epoch != self.epoch:
+            self.step = self._resume_step = 0
+        self.epoch, self._armed, self._feeder = int(epoch), True, None
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current epoch (between passes: the next one), the same on every rank."""
+        return self._epoch_length(self.epoch if self._open else self._next_pass()[0])
+
+    def _begin_pass(self, caller: FrameType | None) -> int:
+        """Moves to where a starting pass begins and returns its first step."""
+        feeder = _drawn_by(caller)
+        self.epoch, start = self._next_pass()
+        self.step, self._resume_step, self._armed, self._open = start, 0, False, True
+        self._feeder, self._fed_from = (weakref.ref(feeder) if feeder is not None else None), start
+        return start
+
+    def _pass(self, batch: Any, length: int, start: int) -> Iterator[list[int]]:
+        """Yields steps ``start..length`` of the current epoch (``batch(s)``: this rank's batch at step s)."""
+        try:
+            for s in range(start, length):
+                self.step = s + 1
+                yield StepIndices.of(batch(s), self.epoch, s + 1)
+        finally:
+            self._open = False
+
+    def _trained_step(self) -> int:
+        """The batches of this epoch handed to training (NOTE [ Who draws the batches ])."""
+        if self._feeder is None:
+            return self.step
+        loader = self._feeder()
+        if loader is not None:
+            return min(self.step, self._fed_from + int(loader._num_yielded))
+        if self.step < self._epoch_length(self.epoch):
+            raise StateError(
+                "cannot tell which batches were trained: a DataLoader with workers drew this epoch's batches ahead "
+                "of training and is gone; take sampler.state_dict() while it iterates, or "
+                "sampler.state_dict(after=batch['info']) (the last batch trained), or use torchdata's StatefulDataLoader"
+            )
+        return self.step
+
+    def _state(self, keys: Sequence[str], after: BatchInfo | None) -> dict[str, Any]:
+        state = sampler_state(self, keys)
+        if after is None:
+            state[STEP_KEY] = self._trained_step()
+        return with_position(state, after)
+
+    def _load_position(self, epoch: int, step: int) -> None:
+        self.epoch, self.step, self._resume_step = epoch, step, step
+        self._armed, self._feeder = True, None
+
+
+class BucketBatchSampler(EpochPosition, RankAware, Sampler[list[int]]):
     """Yields one rank's batches (lists of dataset indices) for ``DataLoader(batch_sampler=...)``.
 
     Args:
@@ -344,9 +488,7 @@ class BucketBatchSampler(RankAware, Sampler[list[int]]):
         self.sync_buckets = sync_buckets
         self.dynamic = dynamic
         self.mode = "dynamic" if dynamic is not None else "static"
-        self.epoch = 0
-        self.step = 0  # batches yielded this epoch (this rank)
-        self._resume_step = 0
+        self._init_position()  # NOTE [ An epoch moves on by itself ]
         self._cache: Epoch | None = None
         self._cache_key: tuple[int, int] = (-1, 0)  # (epoch, world size) it was drawn for
         self._order: list[np.ndarray] | None = None
@@ -378,8 +520,9 @@ class BucketBatchSampler(RankAware, Sampler[list[int]]):
 
     # -- the epoch ---------------------------------------------------------------------------
 
-    def _epoch(self) -> Epoch:
-        key = (self.epoch, self.world_size)  # NOTE [ Rank at iteration ]: the world as it is now
+    def _epoch(self, epoch: int | None = None) -> Epoch:
+        """All ranks' batches of ``epoch`` (default: the current one), kept until another is asked for."""
+        key = (self.epoch if epoch is None else epoch, self.world_size)  # NOTE [ Rank at iteration ]
         if self._cache is None or self._cache_key != key:
             if self._order is None:  # the same every epoch: group once
                 self._order = members_by_bucket(self.buckets, len(self.batch_sizes))
@@ -387,7 +530,7 @@ class BucketBatchSampler(RankAware, Sampler[list[int]]):
                 self.buckets,
                 self.batch_sizes,
                 seed=self.seed,
-                epoch=self.epoch,
+                epoch=key[0],
                 plan_id=self.plan_id,
                 world_size=key[1],
                 sync_buckets=self.sync_buckets,
@@ -400,38 +543,26 @@ class BucketBatchSampler(RankAware, Sampler[list[int]]):
         self.dropped = self._cache.dropped
         return self._cache
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` (call it before each epoch, as with ``DistributedSampler``)."""
-        if epoch != self.epoch:
-            self.step = 0
-            self._resume_step = 0
-        self.epoch = int(epoch)
-
-    def __len__(self) -> int:
-        """Batches this rank yields in the current epoch (the same on every rank)."""
-        return len(self._epoch())
+    def _epoch_length(self, epoch: int) -> int:
+        return len(self._epoch(epoch))
 
     def __iter__(self) -> Iterator[list[int]]:
+        start = self._begin_pass(pass_caller())  # NOTE [ An epoch moves on by itself ]
         epoch = self._epoch()
         rank = self.rank  # read once, as the epoch starts (NOTE [ Rank at iteration ])
-        start = self._resume_step
-        self._resume_step = 0
-        self.step = start
-        for s in range(start, len(epoch)):
-            self.step = s + 1
-            yield StepIndices.of(epoch.batch(s, rank), self.epoch, s + 1)
+        yield from self._pass(lambda s: epoch.batch(s, rank), len(epoch), start)
 
     # -- state -------------------------------------------------------------------------------
 
     def state_dict(self, *, after: BatchInfo | None = None) -> dict[str, Any]:
-        """Where the sampler stands; ``after``: the info of the last batch trained, for a plain
-        ``DataLoader`` with workers, whose prefetch runs the sampler ahead (NOTE [ Position
-        through the workers ])."""
-        return with_position(sampler_state(self, self.STATE_KEYS), after)
+        """Where the sampler stands: after the batches handed to training (NOTE [ Who draws the
+        batches ]), or ``after`` the batch whose info is given (NOTE [ Position through the workers ])."""
+        return self._state(self.STATE_KEYS, after)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, step = resume_position(state, sampler_state(self, self.STATE_KEYS, identity_only=True), "sampler")
-        self.step = self._resume_step = step
+        self._load_position(
+            *resume_position(state, sampler_state(self, self.STATE_KEYS, identity_only=True), "sampler")
+        )
 
 
 def with_position(state: dict[str, Any], after: BatchInfo | None) -> dict[str, Any]:
