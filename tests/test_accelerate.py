@@ -18,7 +18,7 @@ pytest.importorskip("accelerate")
 
 from accelerate import Accelerator
 
-from tests.test_sampler import free_port
+from tests._dist import free_port
 from tokenbucket import ConfigError
 from tokenbucket.train.accelerate import check_not_resharded, prepare_loader, tracker_sink
 from tokenbucket.train.batch import Batch

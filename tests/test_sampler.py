@@ -7,7 +7,6 @@ import json
 import os
 import pickle
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
+from tests._dist import free_port
 from tokenbucket import ConfigError, CostModel, ModelSpec, StateError, TokenSpec, breakdown_table, gpu_budget_bytes
 from tokenbucket.cost.hf_model import StagedModel
 from tokenbucket.cost.staged import StagedCostModel
@@ -66,12 +66,6 @@ class Indices(Dataset[int]):
 
     def __getitem__(self, i: int) -> int:
         return i
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _ddp_worker(

@@ -28,9 +28,8 @@ that would send a sampler resumed in epoch 2 back to epoch 0, step 0. The batch 
 therefore given to accelerate behind :class:`FollowEpoch`, which passes on only an epoch later
 than the sampler's own, or the next one for a sampler resumed at the end of its epoch; after a
 pass the sampler moves on to its next epoch by itself (NOTE [ An epoch moves on by itself ] in
-sampler.py). Resuming is the sampler's: its
-``load_state_dict`` skips the done batches itself, so do not also call
-``accelerator.skip_first_batches`` (it would skip them twice).
+sampler.py). Resuming is the sampler's: its ``load_state_dict`` skips the done batches itself,
+so do not also call ``accelerator.skip_first_batches`` (it would skip them twice).
 
 The ordinary path, ``accelerator.prepare(model, optimizer, loader)`` over a tokenbucket batch
 sampler, is refused as its first batch is drawn, naming :func:`prepare_loader` (NOTE [ Who draws
