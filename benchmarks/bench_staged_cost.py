@@ -40,13 +40,37 @@ def load(paths: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return configs, points
 
 
+# a truth point's step-shape fields (benchmarks/hf_truth.py AXES), and their defaults for the
+# points measured before the field existed
+AXES_DEFAULTS = {
+    "loop": "dropped",
+    "use_cache": "config",
+    "kernels": "cpu",
+    "optimizer": "adamw",
+    "checkpointing": "none",
+}
+
+
+def setup_of(point: dict[str, Any]) -> TrainSetup:
+    """The :class:`TrainSetup` that prices the step a truth point measured (its kernels are not
+    a setting: the model prices the GPU's, and is held to the CPU's too)."""
+    axes = {k: point.get(k, v) for k, v in AXES_DEFAULTS.items()}
+    ckpt = axes["checkpointing"]
+    return TrainSetup(
+        train=point["train"], sharding={"none": "none", "fsdp8": "fsdp", "ddp8": "ddp"}[point["sharding"]],
+        world_size=point["world"], optimizer=axes["optimizer"], loop=axes["loop"],
+        use_cache=None if axes["use_cache"] == "config" else False,
+        vision_checkpointing="full" if ckpt in ("vision", "both") else "none",
+        backbone_checkpointing="full" if ckpt in ("backbone", "both") else "none",
+    )  # fmt: skip
+
+
 def predict(point: dict[str, Any], configs: dict[str, Any]) -> tuple[int, str]:
     """(predicted peak bytes per rank, phase) of one truth point."""
     arch = point["arch"]
     cfg = HFConfig(f"<{arch}>", configs[arch], PREPROCESSORS.get(arch, {}))
     model = staged_from_config(cfg, arch)
-    sharding = {"none": "none", "fsdp8": "fsdp", "ddp8": "ddp"}[point["sharding"]]
-    setup = TrainSetup(train=point["train"], sharding=sharding, world_size=point["world"])
+    setup = setup_of(point)
     sample = Sample(
         images=point["images"], height=point["height"], width=point["width"], text_tokens=point["text_tokens"]
     )

@@ -24,6 +24,7 @@ package's, so the fixture checks the package's counts too.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -40,7 +41,7 @@ import torch
 import transformers
 from transformers.initialization import no_init_weights
 
-from tokenbucket.cost.hf_profile import HF_CLASSES, apply_training, measure_step, qwen_rope_positions
+from tokenbucket.cost.hf_profile import HF_CLASSES, StepShape, apply_training, measure_step, qwen_rope_positions
 from tokenbucket.cost.profile import default_dtype
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf_truth.json"
@@ -309,6 +310,24 @@ SHAPES: dict[str, list[tuple[int, int, int, int, int]]] = {
 }
 
 TRAINS = ("full", "frozen-vision", "lora")
+# how the step is written (NOTE [ Step shapes ] in tokenbucket.cost.hf_profile); the first of each is
+# what every point without the field was measured under
+AXES: dict[str, tuple[str, ...]] = {
+    "loop": ("dropped", "held"),
+    "use_cache": ("config", "off"),
+    "kernels": ("cpu", "cuda"),
+    "optimizer": ("adamw", "sgd"),
+    "checkpointing": ("none", "vision", "backbone", "both"),
+}
+# checkpointing -> (vision tower, backbone)
+CHECKPOINTING = {"none": (False, False), "vision": (True, False), "backbone": (False, True), "both": (True, True)}
+
+
+def axes_of(p: dict[str, Any]) -> dict[str, str]:
+    """A point's step-shape fields (the defaults where it has none)."""
+    return {axis: str(p.get(axis, values[0])) for axis, values in AXES.items()}
+
+
 SHARDINGS = ("none", "fsdp8")  # and "ddp8" (DistributedDataParallel over 8), with --sharding ddp8
 
 
@@ -381,7 +400,7 @@ def image_tokens_per_image(name: str, config: Any, h: int, w: int) -> int:
 # -- the model and its inputs ----------------------------------------------------------------
 
 
-def _build_model(name: str, config: Any, train: str) -> tuple[torch.nn.Module, list[str]]:
+def _build_model(name: str, config: Any, train: str, checkpointing: str = "none") -> tuple[torch.nn.Module, list[str]]:
     """The bf16 model with ``train`` applied; returns it and the frozen module prefixes."""
     cls = getattr(transformers, ARCHS[name][0])
     # weights' values do not matter on fake tensors, and SigLIP's trunc_normal_ init reads them
@@ -390,7 +409,10 @@ def _build_model(name: str, config: Any, train: str) -> tuple[torch.nn.Module, l
         model.tie_weights()  # no_init_weights skips the tying that init does
         if name == "gemma-2-2b":  # NOTE [ Gemma 2 attention ]: built eager, run with sdpa
             model.config._attn_implementation = "sdpa"
-        return apply_training(model, ARCHS[name][1], train)  # type: ignore[no-any-return]
+        vision, backbone = CHECKPOINTING[checkpointing]
+        return apply_training(  # type: ignore[no-any-return]
+            model, ARCHS[name][1], train, vision_checkpointing=vision, backbone_checkpointing=backbone
+        )
 
 
 def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -452,20 +474,31 @@ def shape_record(name: str, shape: tuple[int, int, int, int, int], config: Any |
 
 
 def measure(
-    name: str, train: str, sharding: str, shape: tuple[int, int, int, int, int] | dict[str, int], steps: int = 1
-) -> dict[str, Any]:
+    name: str, train: str, sharding: str, shape: tuple[int, int, int, int, int] | dict[str, int], steps: int = 1,
+    **axes: str,
+) -> dict[str, Any]:  # fmt: skip
     """``steps`` training steps of ``name`` at ``shape`` under ``train``/``sharding``; the point's record.
 
     One step has no optimizer state until its optimizer phase; from the second step on the
-    states are live through forward and backward (the steady state a long run is in)."""
+    states are live through forward and backward (the steady state a long run is in). ``axes``:
+    how the step is written (``AXES``; the first value of each by default)."""
+    unknown = set(axes) - set(AXES)
+    if unknown:
+        raise KeyError(f"unknown axes {sorted(unknown)}; the axes are {list(AXES)}")
+    step = {**axes_of({}), **axes}
     start = time.perf_counter()
     config = build_config(name)
     fields = shape if isinstance(shape, dict) else shape_record(name, shape, config)
     real, fake_specs = _real_inputs(name, config, fields)
     sharded = {"none": "none", "fsdp8": "fsdp", "ddp8": "ddp"}[sharding]
+    shape_of_step = StepShape(
+        loop=step["loop"], use_cache=None if step["use_cache"] == "config" else False, kernels=step["kernels"],
+        optimizer=step["optimizer"],
+    )  # fmt: skip
     out = measure_step(
-        lambda: _build_model(name, config, train), real, fake_specs, sharding=sharded, world_size=WORLD, steps=steps
-    )
+        lambda: _build_model(name, config, train, step["checkpointing"]), real, fake_specs, sharding=sharded,
+        world_size=WORLD, steps=steps, shape=shape_of_step,
+    )  # fmt: skip
     record: dict[str, Any] = {
         "arch": name,
         "model_type": config.model_type,
@@ -473,6 +506,7 @@ def measure(
         "sharding": sharding,
         "world": 1 if sharding == "none" else WORLD,
         "steps": steps,
+        **step,
         **fields,
         "seq_len": int(real["input_ids"].shape[1]),
         **out,
@@ -487,13 +521,18 @@ def measure(
 
 def _key(p: dict[str, Any]) -> tuple[Any, ...]:
     shape = (p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
-    return (p["arch"], p["train"], p["sharding"], *shape, p.get("steps", 1))
+    return (p["arch"], p["train"], p["sharding"], *shape, p.get("steps", 1), *axes_of(p).values())
+
+
+def _axes_tag(axes: dict[str, str]) -> str:
+    """``/loop=held/kernels=cuda`` for the axes off their default ('' when all are)."""
+    return "".join(f"/{axis}={value}" for axis, value in axes.items() if value != AXES[axis][0])
 
 
 def _tag(p: dict[str, Any]) -> str:
     shape = (p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
     steps = "" if p.get("steps", 1) == 1 else f"/steps={p['steps']}"
-    return f"{p['arch']}/{p['train']}/{p['sharding']}/{shape}{steps}"
+    return f"{p['arch']}/{p['train']}/{p['sharding']}/{shape}{steps}{_axes_tag(axes_of(p))}"
 
 
 def _write(path: Path, points: list[dict[str, Any]], failures: dict[str, str]) -> None:
@@ -529,7 +568,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=1, help="training steps per point (2: the steady state)")
     parser.add_argument("--merge", nargs="+", type=Path, help="merge these fixture files into --out")
     parser.add_argument("--missing-reason", help="with --merge: record planned points not measured, with this reason")
+    parser.add_argument("--train", action="append", choices=TRAINS, help="only these training setups")
+    for axis, values in AXES.items():
+        parser.add_argument(
+            f"--{axis.replace('_', '-')}", action="append", choices=values,
+            help=f"how the step is written (repeatable; default {values[0]})",
+        )  # fmt: skip
     args = parser.parse_args(argv)
+    chosen = {axis: getattr(args, axis) or [values[0]] for axis, values in AXES.items()}
+    combos = [dict(zip(chosen, vals, strict=True)) for vals in itertools.product(*chosen.values())]
     if args.merge:
         points, failures = [], {}
         for path in args.merge:
@@ -553,24 +600,17 @@ def main(argv: list[str] | None = None) -> None:
     done = {_key(p): p for p in points}
     for name in args.only or list(ARCHS):
         for shape in SHAPES[name][: args.shapes]:  # every setup at the small shape first
-            for train, sharding in setups(name, args.sharding or SHARDINGS):
+            for (train, sharding), axes in itertools.product(setups(name, args.sharding or SHARDINGS), combos):
+                if args.train and train not in args.train:
+                    continue
                 fields = shape_record(name, shape)
-                key = (
-                    name,
-                    train,
-                    sharding,
-                    fields["batch"],
-                    fields["images"],
-                    fields["height"],
-                    fields["width"],
-                    fields["text_tokens"],
-                    args.steps,
-                )
+                planned = {"arch": name, "train": train, "sharding": sharding, **fields, "steps": args.steps, **axes}
+                key = _key(planned)
                 if key in done:
                     continue
-                tag = f"{name}/{train}/{sharding}/{shape}" + ("" if args.steps == 1 else f"/steps={args.steps}")
+                tag = _tag(planned)
                 try:
-                    rec = measure(name, train, sharding, fields, args.steps)
+                    rec = measure(name, train, sharding, fields, args.steps, **axes)
                 except Exception as exc:  # record why and keep the rest
                     failures[tag] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
                     print(f"FAIL {tag}: {failures[tag]}", flush=True)

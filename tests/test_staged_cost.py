@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from benchmarks import bench_staged_cost
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.hf_model import StagedModel, staged_from_config
@@ -21,7 +22,7 @@ PREPROCESSORS: dict[str, dict[str, Any]] = {
     "smolvlm-256m": {"do_resize": False, "max_image_size": {"longest_edge": 512}},
 }
 # (arch, train, sharding, batch, seq_len, steps) -> (measured error %, why); none so far
-KNOWN_MISSES: dict[tuple[str, str, str, int, int, int], tuple[float, str]] = {}
+KNOWN_MISSES: dict[tuple[Any, ...], tuple[float, str]] = {}
 
 
 def _truth() -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -34,14 +35,14 @@ def _truth() -> tuple[dict[str, Any], list[dict[str, Any]]]:
 CONFIGS, POINTS = _truth()
 
 
-def _key(p: dict[str, Any]) -> tuple[str, str, str, int, int, int]:
-    return (p["arch"], p["train"], p["sharding"], p["batch"], p["seq_len"], p.get("steps", 1))
+def _key(p: dict[str, Any]) -> tuple[Any, ...]:
+    axes = tuple(str(p.get(k, v)) for k, v in bench_staged_cost.AXES_DEFAULTS.items())
+    return (p["arch"], p["train"], p["sharding"], p["batch"], p["seq_len"], p.get("steps", 1), *axes)
 
 
 def _predict(p: dict[str, Any]) -> int:
     cfg = HFConfig(f"<{p['arch']}>", CONFIGS[p["arch"]], PREPROCESSORS.get(p["arch"], {}))
-    sharding = {"none": "none", "fsdp8": "fsdp", "ddp8": "ddp"}[p["sharding"]]
-    setup = TrainSetup(train=p["train"], sharding=sharding, world_size=p["world"])
+    setup = bench_staged_cost.setup_of(p)
     sample = Sample(images=p["images"], height=p["height"], width=p["width"], text_tokens=p["text_tokens"])
     model = StagedCostModel(staged_from_config(cfg, p["arch"]), setup, config=cfg)
     # a 1-step point is the first step; a 2-step point's peak is the second's (NOTE [ Steady state ])

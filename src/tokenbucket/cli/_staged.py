@@ -65,18 +65,36 @@ def add_staged_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="with --sharding ddp: DDP(gradient_as_bucket_view=True), no second copy of the gradients",
     )
+    g.add_argument(
+        "--loop",
+        choices=["held", "dropped"],
+        help="how the step is written: held (default: outputs = model(**batch); outputs.loss.backward(), "
+        "raw loops and Accelerate's examples keep the logits to the next step) or dropped "
+        "(loss = model(**batch).loss: the HF Trainer, Lightning)",
+    )
+    g.add_argument(
+        "--no-cache",
+        dest="use_cache",
+        action="store_const",
+        const=False,
+        help="the step passes use_cache=False (default: as the config leaves it; only a held loop pays for it)",
+    )
 
 
 # the training-setup flags: they price a staged model and are refused with the block model
 STAGED_ONLY = (
     "train", "lora_rank", "sharding", "world_size", "vision_checkpointing", "backbone_checkpointing",
-    "ddp_bucket_view",
+    "ddp_bucket_view", "loop", "use_cache",
 )  # fmt: skip
+
+
+def _flag(name: str) -> str:
+    return "--no-cache" if name == "use_cache" else f"--{name.replace('_', '-')}"
 
 
 def refuse_staged_flags(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> None:
     """One line naming every staged-only flag given to a block-model command."""
-    given = [f"--{name.replace('_', '-')}" for name in (*extra, *STAGED_ONLY) if getattr(args, name, None) is not None]
+    given = [_flag(name) for name in (*extra, *STAGED_ONLY) if getattr(args, name, None) is not None]
     if given:
         raise UsageError(f"{', '.join(given)} price a staged model: give --hf-config DIR (or a staged --preset)")
 
@@ -116,6 +134,8 @@ def staged_cost_from_args(args: argparse.Namespace) -> StagedCostModel:
         "vision_checkpointing": args.vision_checkpointing,
         "backbone_checkpointing": args.backbone_checkpointing,
         "ddp_bucket_view": args.ddp_bucket_view,
+        "loop": args.loop,
+        "use_cache": args.use_cache,
     }
     chosen = {k: v for k, v in options.items() if v is not None}
     if chosen.get("ddp_bucket_view") and chosen.get("sharding") != "ddp":
@@ -211,6 +231,7 @@ def staged_json(cost: StagedCostModel, est: StagedEstimate, budget: int | None, 
         "train": s.train,
         "sharding": s.sharding,
         "world_size": s.world_size,
+        "loop": s.loop,
         "batch": est.batch,
         "seq_len": est.seq_len,
         "peak_bytes": est.peak_bytes,
@@ -236,6 +257,12 @@ def print_estimate(cost: StagedCostModel, est: StagedEstimate, out: dict[str, An
             continue
         print(f"  {stage:<14}" + "".join(f"{_gib(row[i]):>13}" for i in STAGE_ITEMS) + f"{_gib(sum(row.values())):>13}")
     print(f"  {'peak':<14}{_gib(est.peak_bytes):>13}   at the {est.phase} phase")
+    held = est.item("loop")
+    if s.loop == "held":
+        print(
+            f"  loop held: {_gib(held)} of it is the model output a for loop keeps bound to the next step "
+            "(logits, cache); --loop dropped if the step takes .loss at once (HF Trainer, Lightning)"
+        )
     if "budget_bytes" in out:
         verdict = "fits" if out["fits"] else "does NOT fit"
         print(f"  budget {_gib(out['budget_bytes'])}: {verdict}; largest batch of this sample: {out['max_batch']}")

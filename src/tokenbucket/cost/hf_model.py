@@ -196,6 +196,7 @@ class StagedModel:
     norms_per_layer: int = 2
     logit_softcap: bool = False
     action_expert: ActionExpert | None = None
+    use_cache: bool = True
 
     def params_by_stage(self) -> dict[str, int]:
         """Parameters per stage: embedding, vision, projector, backbone (blocks + final norm), head."""
@@ -388,6 +389,13 @@ def _logit_softcap(cfg: HFConfig) -> bool:
     return tt == "gemma2" and table.get("final_logit_softcapping", 30.0) is not None
 
 
+def _use_cache(cfg: HFConfig) -> bool:
+    """The decoder's ``use_cache`` as the config leaves it (transformers' default: true)."""
+    table, _, _ = _text_table(cfg)
+    value = table.get("use_cache", cfg.config.get("use_cache", True))
+    return value is not False
+
+
 def staged_from_config(cfg: HFConfig, name: str | None = None) -> StagedModel:
     """The :class:`StagedModel` of an already-read config (what :func:`load_hf_config` returns)."""
     mt = cfg.model_type
@@ -405,7 +413,7 @@ def staged_from_config(cfg: HFConfig, name: str | None = None) -> StagedModel:
     return StagedModel(
         name=name or str(cfg.config.get("_name_or_path") or mt), model_type=mt, vision=vision, projector=projector,
         backbone=spec, vocab=vocab, tied_embeddings=tie, head_dim=head_dim, attn_bias=bias,  # type: ignore[arg-type]
-        norms_per_layer=norms, logit_softcap=_logit_softcap(cfg),
+        norms_per_layer=norms, logit_softcap=_logit_softcap(cfg), use_cache=_use_cache(cfg),
     )  # fmt: skip
 
 
