@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from tests.test_profile_hf_cli import TINY_VL
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.cost import hf_profile
 from tokenbucket.cost.hf_profile import profile_hf
 from tokenbucket.cost.staged import Sample, TrainSetup
 from tokenbucket.tokens._hf_json import HFConfig
@@ -88,3 +91,42 @@ def test_profile_hf_unknown_model_type_names_the_supported_ones(tmp_path: Path) 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
     with pytest.raises(ConfigError, match=r"model_type 'mamba' is not supported.*qwen2_vl"):
         profile_hf(tmp_path, Sample(text_tokens=64))
+
+
+# a Qwen2-VL whose config.json declares fp32, as PaliGemma's does: transformers hands the top-level
+# torch_dtype to text_config, and builds the language model in it (NOTE [ The build dtype ])
+SMALL = Sample(images=1, height=56, width=56, text_tokens=8)  # weights dominate the peak
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+def test_profile_hf_config_declaring_float32_builds_in_bf16_unless_asked(key: str) -> None:
+    cfg = HFConfig("<tiny-fp32>", {**TINY_VL, key: "float32"})
+    default = profile_hf(cfg, SMALL, steps=2)
+    # every parameter in bf16: the tracker's parameter bytes are 2 a parameter (old: a mixed build)
+    assert default.dtype == "bf16" and default.breakdown["Parameter"] == 2 * default.params_total
+    assert default.notes[0].startswith("built in bf16: --precision not given")
+    assert f"config.json declares {key}=float32" in default.notes[0]
+    fp32 = profile_hf(cfg, SMALL, steps=2, precision="fp32")
+    assert fp32.dtype == "fp32" and fp32.breakdown["Parameter"] == 4 * fp32.params_total
+    assert fp32.notes[0] == "built in fp32 as --precision asks" and fp32.params_total == default.params_total
+    assert default.peak_bytes == pytest.approx(fp32.peak_bytes / 2, rel=0.01)  # pixels, states, logits: all half
+    bf16 = profile_hf(cfg, SMALL, steps=2, precision="bf16")
+    assert bf16.dtype == "bf16" and bf16.peak_bytes == default.peak_bytes
+    assert bf16.notes[0] == f"built in bf16 as --precision asks; config.json declares {key}=float32"
+
+
+def test_profile_hf_asserts_every_parameter_is_in_the_reported_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    apply = hf_profile.apply_training
+
+    def one_fp32(model: torch.nn.Module, *args: Any) -> tuple[Any, list[str]]:
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.float())  # type: ignore[union-attr]
+        return apply(model, *args)
+
+    monkeypatch.setattr(hf_profile, "apply_training", one_fp32)
+    with pytest.raises(AssertionError, match=r"built qwen2 in bf16, but parameter lm_head.weight is torch.float32"):
+        profile_hf(HFConfig("<tiny>", TINY), Sample(text_tokens=8))
+
+
+def test_profile_hf_refuses_amp() -> None:
+    with pytest.raises(ConfigError, match=r"precision should be one of \['bf16', 'fp32'\].*precision='amp'"):
+        profile_hf(HFConfig("<tiny>", TINY), Sample(text_tokens=8), precision="amp")

@@ -8,13 +8,16 @@ A MODULE:FACTORY may now be a Hugging Face model built with ``.to(bf16)`` and fe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.test_cli_errors import cli, one_line_error, snapshot
 from tests.test_plan_hf import metadata
+from tokenbucket.cost import hf_profile
 from tokenbucket.cost.gpus import gpu_budget_bytes
 from tokenbucket.cost.hf_model import staged_from_config
 from tokenbucket.cost.measured import Profile, SteppedCostModel
@@ -52,6 +55,83 @@ def test_profile_hf_config_one_sample_beside_the_staged_estimate(
     assert r["measured"]["optimizer"] > 0 and r["predicted"]["optimizer"] > 0  # the steady state: states live
     code, out, _ = cli(capsys, "profile", "--hf-config", str(tiny_vl), "--sample", SAMPLE, "--train", "lora")
     assert code == 0 and "predicted" in out and "peak" in out
+
+
+@pytest.fixture
+def tiny_vl_fp32(tmp_path: Path) -> Path:
+    """TINY_VL as a checkpoint stored in fp32 declares it (PaliGemma's config.json does)."""
+    folder = tmp_path / "tiny-vl-fp32"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**TINY_VL, "torch_dtype": "float32"}))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype", "why"),
+    [
+        ([], "bf16", "built in bf16: --precision not given; config.json declares torch_dtype=float32, which is how "
+                     "the checkpoint is stored, not how it trains"),
+        (["--precision", "fp32"], "fp32", "built in fp32 as --precision asks"),
+        (["--precision", "bf16"], "bf16", "built in bf16 as --precision asks; config.json declares torch_dtype=float32"),
+    ],
+)  # fmt: skip
+def test_profile_hf_header_says_the_dtype_built_and_why(
+    capsys: pytest.CaptureFixture[str], tiny_vl_fp32: Path, flags: list[str], dtype: str, why: str
+) -> None:
+    argv = ["profile", "--hf-config", str(tiny_vl_fp32), "--sample", SAMPLE, "--batch", "2", *flags]
+    code, out, err = cli(capsys, *argv)
+    assert code == 0, err
+    header, *rest = out.splitlines()
+    assert f"on fake tensors (CPU), {dtype}, train full" in header
+    assert any(line.startswith(f"  note: {why}") for line in rest), rest  # which dtype, and why
+    code, out, err = cli(capsys, *argv, "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["dtype"] == dtype and r["notes"][0].startswith(why)
+    # the staged model prices bf16 and is exact on this model; an fp32 build is 2x in weights and states
+    assert r["measured_breakdown"]["Parameter"] == (2 if dtype == "bf16" else 4) * r["params_total"]
+    assert r["within_band"] == (dtype == "bf16")
+
+
+def test_profile_hf_outside_the_band_names_the_suspect_and_why(
+    capsys: pytest.CaptureFixture[str], tiny_vl_fp32: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = ["profile", "--hf-config", str(tiny_vl_fp32), "--sample", SAMPLE, "--batch", "2"]
+    # an fp32 build against the bf16 staged model: the measurement is of another precision
+    code, out, err = cli(capsys, *argv, "--precision", "fp32")
+    assert code == 0, err
+    assert "trust the measurement" not in out
+    (verdict,) = [line for line in out.splitlines() if line.startswith("the staged model is ")]
+    assert "outside its band" in verdict
+    assert "suspect: the measurement, it measured the fp32 build and the staged model prices bf16" in verdict
+    # a checked bf16 build of the staged model's parameter count, twice the predicted peak: the staged model
+    real = hf_profile.profile_hf
+    cfg = read_hf_config(tiny_vl_fp32)
+    staged_params = staged_from_config(cfg).params
+
+    def doubled(*args: Any, **kwargs: Any) -> hf_profile.HFProfile:
+        run = real(*args, **kwargs)
+        return dataclasses.replace(run, peak_bytes=2 * run.peak_bytes, **changes)
+
+    changes: dict[str, int] = {}
+    monkeypatch.setattr(hf_profile, "profile_hf", doubled)
+    code, out, err = cli(capsys, *argv, "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["params_total"] == staged_params and -51 < r["error_percent"] < -49
+    assert r["suspect"]["which"] == "the staged model"
+    assert f"bf16 parameters, {staged_params:,} of them as the staged model counts" in r["suspect"]["why"]
+    code, out, err = cli(capsys, *argv)
+    assert f"suspect: the staged model, the build is checked (bf16 parameters, {staged_params:,}" in out
+    assert f"the staged model is {r['error_percent']:+.1f} % off it for this model" in out
+    # another parameter count than transformers built: the staged model describes another model
+    changes["params_total"] = staged_params + 1000
+    code, out, err = cli(capsys, *argv)
+    assert code == 0, err
+    assert (
+        f"suspect: the staged model's reading of config.json, transformers built {staged_params + 1000:,} parameters "
+        f"and the staged model counts {staged_params:,}"
+    ) in out
 
 
 @pytest.mark.slow
@@ -169,6 +249,7 @@ def test_profile_factory_may_be_an_hf_model_built_with_to_bf16_and_fed_keywords(
         (["--hf-config", "DIR", "--sample", SAMPLE, "--input", "m:f"], ["--input"]),
         (["m:f", "--hf-config", "DIR", "--sample", SAMPLE], ["MODULE:FACTORY", "--hf-config"]),
         (["--preset", "qwen2-vl-2b", "--batch", "1"], ["--preset qwen2-vl-2b", "--hf-config"]),
+        (["--hf-config", "DIR", "--sample", SAMPLE, "--precision", "amp"], ["--precision amp", "bf16 or fp32"]),
         ([], ["MODULE:FACTORY", "--hf-config"]),
     ],
 )

@@ -13,7 +13,7 @@ import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,6 +44,9 @@ from tokenbucket.cost.profile import default_dtype, profile_memory, profile_poin
 from tokenbucket.cost.staged import ERROR_BAND, StagedCostModel
 from tokenbucket.cost.staged_length import StagedLengthModel, staged_profile_key
 from tokenbucket.plan.manifest import load_manifest
+
+if TYPE_CHECKING:
+    from tokenbucket.cost.hf_profile import HFProfile  # optional: transformers
 
 __all__ = ["EXAMPLE", "add_arguments", "run"]
 
@@ -286,6 +289,10 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise UsageError("--bounds-of gives a grid of lengths, not one --sample: give one of them")
     if args.device != "fake":
         raise UsageError("--hf-config measures on fake tensors only (--device fake)")
+    if args.precision == "amp":
+        raise UsageError(
+            "--precision amp is not measured with --hf-config (its bf16 autocast over fp32 weights): give bf16 or fp32"
+        )
     if args.bounds_of is not None:
         bounds = [b.bound for b in load_manifest(args.bounds_of).plan.buckets]
         args.length = sorted(set(args.length or []) | set(bounds))
@@ -307,13 +314,14 @@ def _run_hf(args: argparse.Namespace) -> int:
     if args.length:
         return _hf_grid(args, cost, steps, hf_profile.profile_hf, hf_profile.with_markers)
     sample = sample_from_args(args.sample)
-    run_ = hf_profile.profile_hf(cost.config, sample, args.batch, cost.setup, steps=steps)
+    run_ = hf_profile.profile_hf(cost.config, sample, args.batch, cost.setup, steps=steps, precision=args.precision)
     est = cost.memory(args.batch, sample, first_step=steps == 1)
     measured = {k: sum(run_.breakdown.get(c, 0) for c in cats) for k, cats in _KINDS.items()}
     predicted = {k: est.item(k) for k in ("weights", "gradients", "optimizer")}
     predicted["activations"] = est.item("activations") + est.item("transients")
     err = 100.0 * (est.peak_bytes - run_.peak_bytes) / run_.peak_bytes
     within = BAND[0] <= err <= BAND[1]
+    suspect = None if within else _suspect(cost, run_, err)  # NOTE [ Which side is suspect ]
     if args.json:
         print(json.dumps({
             "model": cost.model.name, "setup": dataclasses.asdict(cost.setup), "batch": args.batch,
@@ -322,11 +330,12 @@ def _run_hf(args: argparse.Namespace) -> int:
             "measured": measured, "predicted": predicted, "measured_breakdown": run_.breakdown,
             "predicted_stages": est.stages, "params_total": run_.params_total,
             "params_trainable": run_.params_trainable, "seconds": run_.seconds, "notes": list(run_.notes),
+            "dtype": run_.dtype, "suspect": None if suspect is None else {"which": suspect[0], "why": suspect[1]},
         }))  # fmt: skip
         return 0
     s = cost.setup
     print(
-        f"{cost.model.name} ({cost.model.model_type}) on fake tensors (CPU), bf16, train {s.train}, sharding "
+        f"{cost.model.name} ({cost.model.model_type}) on fake tensors (CPU), {run_.dtype}, train {s.train}, sharding "
         f"{s.sharding} x {s.world_size}; batch {args.batch} x {run_.seq_len:,} LLM tokens; {steps} step(s), "
         f"{run_.seconds:.0f} s; per rank"
     )
@@ -336,13 +345,43 @@ def _run_hf(args: argparse.Namespace) -> int:
     print(f"  {'peak':<14}{_gib(run_.peak_bytes):>13}{_gib(est.peak_bytes):>13}   predicted {err:+.1f} %")
     for note in run_.notes:
         print(f"  note: {note}")
-    if not within:
+    if suspect is not None:
         print(
             f"the staged model is {err:+.1f} % off the measured peak, outside its band "
             f"({BAND[0]:+.0f} % ... {BAND[1]:+.0f} %): measured {_gib(run_.peak_bytes)}, predicted "
-            f"{_gib(est.peak_bytes)}; the rows above say where; trust the measurement"
+            f"{_gib(est.peak_bytes)}; suspect: {suspect[0]}, {suspect[1]}"
         )
     return 0
+
+
+def _suspect(cost: StagedCostModel, run_: HFProfile, err: float) -> tuple[str, str]:
+    """Which of the measurement and the staged model a gap beyond the band indicts, and why.
+
+    NOTE [ Which side is suspect ]
+    A gap says one of the two is wrong for this model, not which. The measurement is of the
+    build profile_hf checked (every floating parameter in ``run_.dtype``, NOTE [ The build dtype ]
+    in tokenbucket.cost.hf_profile): when that dtype is not the pure bf16 the staged model prices,
+    the two measure different runs and the gap is the precision. When the dtypes agree but
+    transformers built another parameter count than the staged model reads from config.json
+    (LoRA's adapters aside: under LoRA only they train), the staged model describes another
+    model. Only when both agree is the staged model itself suspect, by the gap.
+    """
+    if run_.dtype != "bf16":
+        return "the measurement", (
+            f"it measured the {run_.dtype} build and the staged model prices bf16 (weights, gradients, optimizer "
+            f"states, activations): the gap is the precision; profile with --precision bf16 to check the staged model"
+        )
+    built = run_.params_total - (run_.params_trainable if cost.setup.train == "lora" else 0)
+    if built != cost.model.params:
+        return "the staged model's reading of config.json", (
+            f"transformers built {built:,} parameters and the staged model counts {cost.model.params:,} "
+            f"({100.0 * (cost.model.params - built) / built:+.1f} %): it prices another model"
+        )
+    return "the staged model", (
+        f"the build is checked (bf16 parameters, {built:,} of them as the staged model counts) and the staged "
+        f"model is {err:+.1f} % off it for this model: plan from the measurement (--length ... --save, then "
+        "plan --profile)"
+    )
 
 
 def _hf_grid(
@@ -360,24 +399,27 @@ def _hf_grid(
         raise UsageError(f"--save needs two or more --length values, but got {len(lengths)}")
     gpu = gpu_from_args(args)
     grid = sorted({(b, n) for n in lengths for b in ((1, 2, args.batch) if args.save is not None else (args.batch,))})
-    rows = []
+    rows: list[dict[str, Any]] = []
     versions: dict[str, str] = {}
+    built, why = "bf16", ""
     shown = progress_from_args(args)  # NOTE [ Progress on stderr ]: a step per point
     for b, n in progress(grid, desc="profiling", unit="points", enabled=shown):
         # the worst sample of n tokens; for Qwen2-VL with its vision markers, which a worst sample
         # made all image tokens has no room for (measured a few tokens long: the safe side)
         sample = markers(cost.config, length_model.sample(n))
-        run_ = measure(cost.config, sample, b, cost.setup, steps=steps)
-        versions = run_.versions
+        run_ = measure(cost.config, sample, b, cost.setup, steps=steps, precision=args.precision)
+        versions, built, why = run_.versions, run_.dtype, run_.notes[0]
         est = cost.memory(b, sample, first_step=steps == 1)
         err = 100.0 * (est.peak_bytes - run_.peak_bytes) / run_.peak_bytes
+        within = BAND[0] <= err <= BAND[1]
         rows.append({"batch": b, "length": n, "seq_len": run_.seq_len, "sample": dataclasses.asdict(sample),
                      "measured": run_.peak_bytes, "predicted": est.peak_bytes, "error_percent": round(err, 2),
-                     "within_band": BAND[0] <= err <= BAND[1]})  # fmt: skip
+                     "within_band": within, "dtype": run_.dtype,
+                     "suspect": None if within else ", ".join(_suspect(cost, run_, err))})  # fmt: skip
     if args.save is not None:
         Profile(
             points=tuple((r["batch"], r["length"], r["measured"]) for r in rows),
-            target="fake-cpu" if gpu is None else gpu.name, dtype="bf16", torch_version=torch.__version__,
+            target="fake-cpu" if gpu is None else gpu.name, dtype=built, torch_version=torch.__version__,
             model=staged_profile_key(cost), device="fake",
             staged={"vision_share": length_model.vision_share,
                     "image": None if length_model.image is None else list(length_model.image), "steps": steps,
@@ -387,10 +429,11 @@ def _hf_grid(
         print(json.dumps(rows))
         return 0
     print(
-        f"{cost.model.name} ({cost.model.model_type}) on fake tensors (CPU), bf16, train {cost.setup.train}, "
+        f"{cost.model.name} ({cost.model.model_type}) on fake tensors (CPU), {built}, train {cost.setup.train}, "
         f"sharding {cost.setup.sharding} x {cost.setup.world_size}; each length's worst sample at vision share "
         f"{length_model.vision_share:g}; {steps} step(s); per rank"
     )
+    print(f"  note: {why}")
     print(f"{'batch':>5} {'length':>8} {'sample':>28} {'measured':>12} {'predicted':>12} {'error':>8}")
     for r in rows:
         smp = r["sample"]
@@ -403,7 +446,7 @@ def _hf_grid(
     if off:
         print(
             f"the staged model is outside its band ({BAND[0]:+.0f} % ... {BAND[1]:+.0f} %) at {len(off)} of "
-            f"{len(rows)} points: plan from the measurement (--save, then plan --profile)"
+            f"{len(rows)} points; suspect: {off[0]['suspect']}"
         )
     if args.save is not None:
         print(f"profile written to {args.save} (model {staged_profile_key(cost)})")

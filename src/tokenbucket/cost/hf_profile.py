@@ -1,7 +1,7 @@
 """Measure a Hugging Face model's training peak from its ``config.json``: fake tensors, no GPU, no weights.
 
 :func:`profile_hf` builds the real ``transformers`` model from the config at its real size, in
-bf16, under ``FakeTensorMode`` on the CPU, turns one sample's shape (the same
+bf16 (or fp32: NOTE [ The build dtype ]), under ``FakeTensorMode`` on the CPU, turns one sample's shape (the same
 :class:`~tokenbucket.cost.staged.Sample` the staged cost model prices) into the inputs the
 model's processor would make (``input_ids`` with the image tokens, ``pixel_values``, the grid or
 image-size fields, ``labels``), applies the training setup (frozen tower, LoRA via ``peft``,
@@ -37,6 +37,18 @@ no data, so those inputs stay real tensors, and ``_RealOps`` runs any op whose t
 all real on the real tensors (not counted; Idefics3's real pixels are stood in for by a fake
 tensor of their size held through the step, as every other model's fake pixels are). Everything
 with a fake input stays fake.
+
+NOTE [ The build dtype ]
+A model trains in the precision its run picks, not in the one its checkpoint is stored in:
+PaliGemma's config.json says ``"torch_dtype": "float32"`` (transformers 5 writes ``"dtype"``),
+and it fine-tunes in bf16 like the rest. So :func:`profile_hf` builds in ``precision`` when it
+is given and in bf16 when not, and says in a note when config.json declares another dtype.
+``default_dtype`` alone does not do it: transformers builds each sub-model (a VLM's vision tower
+and language model) with ``AutoModel.from_config``, which sets torch's default dtype to that
+sub-config's ``dtype`` while it builds; a config.json whose text_config declares float32 gave an
+fp32 language model beside a bf16 tower and head, near twice the bf16 peak. Every (sub-)config's
+``dtype`` is therefore set to the build dtype, and every floating parameter of the built model is
+checked against it (an ``AssertionError`` if one differs), so the reported dtype is the built one.
 """
 
 from __future__ import annotations
@@ -82,6 +94,8 @@ __all__ = ["HF_CLASSES", "LOOPS", "HFProfile", "StepShape", "measure_step", "pro
 Builder = Callable[[], tuple[torch.nn.Module, list[str]]]
 InputSpecs = dict[str, tuple[tuple[int, ...], torch.dtype]]
 LOOPS = ("dropped", "held")
+# the precisions profile_hf builds in (NOTE [ The build dtype ]); amp would need autocast in the step
+BUILD_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # model_type -> (transformers class, the vision tower's attribute under ``model.model``)
 HF_CLASSES: dict[str, tuple[str, str | None]] = {
@@ -540,13 +554,15 @@ class HFProfile:
     seconds: float
     versions: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    dtype: str = "bf16"  # what every floating parameter was built in (NOTE [ The build dtype ])
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def transformers_config(cfg: HFConfig) -> tuple[Any, list[str]]:
-    """The ``transformers`` config of ``cfg`` with sdpa attention, and notes on what was changed."""
+def transformers_config(cfg: HFConfig, dtype: torch.dtype = torch.bfloat16) -> tuple[Any, list[str]]:
+    """The ``transformers`` config of ``cfg`` with sdpa attention and every (sub-)config's ``dtype``
+    set to ``dtype`` (NOTE [ The build dtype ]), and notes on what was changed."""
     data = {k: v for k, v in cfg.config.items() if k not in ("model_type", "architectures", "transformers_version")}
     try:
         config = transformers.AutoConfig.for_model(cfg.model_type, **data)
@@ -566,6 +582,11 @@ def transformers_config(cfg: HFConfig) -> tuple[Any, list[str]]:
     for sub in ("text_config", "vision_config"):
         if hasattr(config, sub):
             getattr(config, sub)._attn_implementation = "sdpa" if sub == "vision_config" else impl
+    stack = [config]  # NOTE [ The build dtype ]: from_config builds each sub-model in its config's dtype
+    while stack:
+        node = stack.pop()
+        node.dtype = dtype
+        stack.extend(c for key in getattr(node, "sub_configs", {}) if (c := getattr(node, key, None)) is not None)
     return config, notes
 
 
@@ -592,8 +613,10 @@ def qwen_rope_positions(
     return positions
 
 
-def hf_inputs(cfg: HFConfig, config: Any, sample: Sample, batch: int) -> tuple[dict[str, Any], InputSpecs]:
-    """The inputs a processor makes for ``batch`` samples shaped like ``sample`` (real, fake)."""
+def hf_inputs(
+    cfg: HFConfig, config: Any, sample: Sample, batch: int, dtype: torch.dtype = torch.bfloat16
+) -> tuple[dict[str, Any], InputSpecs]:
+    """The inputs a processor makes for ``batch`` samples shaped like ``sample`` (real, fake), pixels in ``dtype``."""
     mt = cfg.model_type
     images = sample.images if mt not in DECODER_TYPES else 0
     vi = vision_inputs(cfg, sample.height, sample.width) if images else None
@@ -620,20 +643,20 @@ def hf_inputs(cfg: HFConfig, config: Any, sample: Sample, batch: int) -> tuple[d
             real.update(image_grid_thw=grid, position_ids=qwen_rope_positions(mt, config, ids, token, grid))
             temporal = int(cfg.vision_int("temporal_patch_size"))
             fake["pixel_values"] = ((images * batch * gh * gw, 3 * temporal * cfg.vision_int("patch_size") ** 2),
-                                    torch.bfloat16)  # fmt: skip
+                                    dtype)  # fmt: skip
         else:
             ids[:, :n_img] = token
             side = int(config.vision_config.image_size)
             if mt == "llava_next":
                 real["image_sizes"] = torch.tensor([[sample.height, sample.width]] * (images * batch), dtype=torch.long)
-                fake["pixel_values"] = ((images * batch, vi.tower_images, 3, side, side), torch.bfloat16)
+                fake["pixel_values"] = ((images * batch, vi.tower_images, 3, side, side), dtype)
             elif mt in ("idefics3", "smolvlm"):  # NOTE [ Real bookkeeping tensors ]: it reads its pixels
                 tiles = vi.tower_images * images
-                real["pixel_values"] = torch.ones((batch, tiles, 3, side, side), dtype=torch.bfloat16)
+                real["pixel_values"] = torch.ones((batch, tiles, 3, side, side), dtype=dtype)
                 real["pixel_attention_mask"] = torch.ones((batch, tiles, side, side), dtype=torch.bool)
-                fake["_pixels_held"] = ((batch, tiles, 3, side, side), torch.bfloat16)
+                fake["_pixels_held"] = ((batch, tiles, 3, side, side), dtype)
             else:
-                fake["pixel_values"] = ((images * batch, 3, side, side), torch.bfloat16)
+                fake["pixel_values"] = ((images * batch, 3, side, side), dtype)
             if mt == "paligemma":
                 tt = torch.zeros((batch, length), dtype=torch.long)
                 tt[:, length // 2 :] = 1  # prefix (image + prompt) then suffix, half and half
@@ -643,9 +666,30 @@ def hf_inputs(cfg: HFConfig, config: Any, sample: Sample, batch: int) -> tuple[d
     return real, fake
 
 
+def _dtype_note(cfg: HFConfig, built: str, precision: str | None) -> str:
+    """Which dtype the model is built in and why (NOTE [ The build dtype ]), naming what config.json declares."""
+    words = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16"}
+    declared = []
+    for where, table in [("", cfg.config)] + [(f"{k}.", v) for k, v in cfg.config.items() if isinstance(v, dict)]:
+        for key in ("torch_dtype", "dtype"):
+            value = table.get(key)
+            if value is not None and words.get(str(value).removeprefix("torch.")) != built:
+                declared.append(f"{where}{key}={str(value).removeprefix('torch.')}")
+    if precision is not None:
+        return f"built in {built} as --precision asks" + (
+            f"; config.json declares {', '.join(declared)}" if declared else ""
+        )
+    if declared:
+        return (
+            f"built in {built}: --precision not given; config.json declares {', '.join(declared)}, which is how "
+            f"the checkpoint is stored, not how it trains (--precision fp32 builds in fp32)"
+        )
+    return f"built in {built}: --precision not given, and config.json declares no other dtype"
+
+
 def profile_hf(
     config: str | Path | HFConfig, sample: Sample, batch: int = 1, setup: TrainSetup | None = None, *,
-    steps: int = 1,
+    steps: int = 1, precision: str | None = None,
 ) -> HFProfile:  # fmt: skip
     """Measure one (``steps=2``: a steady-state) training step of the model ``config`` describes.
 
@@ -656,12 +700,22 @@ def profile_hf(
         setup: the training setup; ``sharding`` ``none``, ``fsdp`` or ``ddp`` (ZeRO is
             DeepSpeed's and is not measured), no activation checkpointing.
         steps: 1 or 2 (DDP: 1).
+        precision: ``bf16`` or ``fp32``, the dtype of every weight, gradient, optimizer state and
+            activation; ``None`` builds in bf16 whatever config.json's ``torch_dtype``/``dtype``
+            says (NOTE [ The build dtype ]). The first note says which and why.
 
     Raises:
-        ConfigError: an unsupported model or setup.
+        ConfigError: an unsupported model, setup or precision.
     """
     setup = TrainSetup() if setup is None else setup
     cfg = read_hf_config(config)
+    if precision is not None and precision not in BUILD_DTYPES:
+        raise ConfigError(
+            f"precision should be one of {sorted(BUILD_DTYPES)} to measure (amp's autocast is not measured), "
+            f"but got precision={precision!r}"
+        )
+    built = "bf16" if precision is None else precision
+    dtype = BUILD_DTYPES[built]
     if setup.sharding in ("zero2", "zero3"):
         raise ConfigError(f"sharding={setup.sharding!r} is DeepSpeed's and is not measured here: use fsdp or ddp")
     if setup.vision_checkpointing != "none" or setup.backbone_checkpointing != "none":
@@ -674,17 +728,23 @@ def profile_hf(
         raise ConfigError(f"steps should be 1 or 2, but got steps={steps}")
     cls_name, vision = HF_CLASSES[cfg.model_type]
     cls = getattr(transformers, cls_name)
-    tconfig, notes = transformers_config(cfg)
-    real, fake = hf_inputs(cfg, tconfig, sample, batch)
+    tconfig, notes = transformers_config(cfg, dtype)
+    notes.insert(0, _dtype_note(cfg, built, precision))
+    real, fake = hf_inputs(cfg, tconfig, sample, batch, dtype)
 
     def build() -> tuple[torch.nn.Module, list[str]]:
         # weights' values do not matter on fake tensors, and SigLIP's trunc_normal_ init reads them
-        with default_dtype(torch.bfloat16), no_init_weights():
+        with default_dtype(dtype), no_init_weights():
             model = cls(tconfig)
             model.tie_weights()  # no_init_weights skips the tying that init does
             if tconfig._attn_implementation == "eager":  # NOTE [ Gemma 2 attention ]: run with sdpa
                 model.config._attn_implementation = "sdpa"
-            return apply_training(model, vision, setup.train, setup.lora_rank)
+            trained, frozen = apply_training(model, vision, setup.train, setup.lora_rank)
+        # NOTE [ The build dtype ]: the dtype reported is the one every floating parameter has
+        for name, p in trained.named_parameters():
+            if p.is_floating_point() and p.dtype != dtype:
+                raise AssertionError(f"built {cfg.model_type} in {built}, but parameter {name} is {p.dtype}")
+        return trained, frozen
 
     start = time.perf_counter()
     out = measure_step(build, real, fake, sharding=setup.sharding, world_size=setup.world_size, steps=steps)
@@ -693,4 +753,5 @@ def profile_hf(
         params_total=out["params_total"], params_trainable=out["params_trainable"],
         seq_len=int(real["input_ids"].shape[1]), seconds=round(time.perf_counter() - start, 1),
         versions={"torch": torch.__version__, "transformers": transformers.__version__}, notes=tuple(notes),
+        dtype=built,
     )  # fmt: skip
