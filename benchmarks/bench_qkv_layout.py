@@ -16,6 +16,8 @@ differ only in how Q, K and V reach the kernel (NOTE [ QKV layout ] in ``cost/me
 - ``contiguous``: ``fused-split`` with ``.contiguous()`` on Q, K, V;
 - ``fused-rotary``: ``fused-split`` with a rotary embedding on Q and K (GPT-NeoX).
 
+The rotary tables are made once per forward and shared by the blocks, as Llama and GPT-NeoX do.
+
 For each, the measured peak of two bf16 AdamW steps on fake tensors
 (``tokenbucket.cost.profile.profile_memory``) against ``CostModel`` with the default
 ``qkv_layout`` and with the family's own; the error is predicted / measured - 1.
@@ -67,7 +69,7 @@ class UserBlock(nn.Module):
         self.fc1 = nn.Linear(hidden, 4 * hidden, bias=False)
         self.fc2 = nn.Linear(4 * hidden, hidden, bias=False)
 
-    def _qkv(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _qkv(self, y: torch.Tensor, rope: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         b, n, d = y.shape
         h, dh = self.heads, d // self.heads
         if self.family.startswith("separate"):
@@ -76,39 +78,41 @@ class UserBlock(nn.Module):
             q, k, v = self.qkv(y).view(b, n, 3, h, dh).permute(2, 0, 3, 1, 4).unbind(0)
         else:
             q, k, v = (t.view(b, n, h, dh).transpose(1, 2) for t in self.qkv(y).split(d, dim=2))
-        if self.family.endswith("rotary"):
-            cos = torch.ones(1, 1, n, dh, dtype=y.dtype)
-            sin = torch.ones(1, 1, n, dh, dtype=y.dtype)
+        if rope is not None:
+            cos = sin = rope
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         if self.family == "contiguous":
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         return q, k, v
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
         b, n, d = x.shape
-        q, k, v = self._qkv(self.norm1(x))
+        q, k, v = self._qkv(self.norm1(x), rope)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, n, d)
         x = x + self.out(a)
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
 
 
 class UserModel(nn.Module):
-    def __init__(self, hidden: int, layers: int, family: str) -> None:
+    def __init__(self, hidden: int, layers: int, family: str, heads: int | None = None) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(UserBlock(hidden, hidden // 64, family) for _ in range(layers))
+        self.head_dim, self.rotary = hidden // (heads or hidden // 64), family.endswith("rotary")
+        self.blocks = nn.ModuleList(UserBlock(hidden, hidden // self.head_dim, family) for _ in range(layers))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the rotary table (cos and sin alike on fake tensors), made once and shared by the blocks
+        rope = torch.ones(1, 1, x.shape[1], self.head_dim, dtype=x.dtype) if self.rotary else None
         for block in self.blocks:
-            x = block(x)
+            x = block(x, rope)
         return x
 
 
-def build(hidden: int, layers: int, family: str) -> UserModel:
+def build(hidden: int, layers: int, family: str, heads: int | None = None) -> UserModel:
     """The model in bf16, built with bf16 as the default dtype (``.to()`` cannot swap fake weights)."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
-        return UserModel(hidden, layers, family)
+        return UserModel(hidden, layers, family, heads)
     finally:
         torch.set_default_dtype(old)
 

@@ -11,8 +11,10 @@ NOTE [ The CUDA kernel choice ]
 PyTorch's CUDA dispatcher tries flash, then memory-efficient, then math:
 - flash (``aten._scaled_dot_product_flash_attention``): bf16/fp16 only, no ``attn_mask`` (a
   causal mask is the ``is_causal`` flag), head dim at most 256, the same head dim for values;
-  it takes fewer K/V heads than query heads (``enable_gqa``) without copying them. It saves Q, K,
-  V, the output and a fp32 log-sum-exp of ``B x H x L``.
+  it takes fewer K/V heads than query heads (``enable_gqa``) without copying them. A head dim
+  that is not a multiple of 8 is padded first (Q, K and V copied, the output a slice of a padded
+  one). It saves Q, K, V, the output, a fp32 log-sum-exp of ``B x H x L`` and the two 8-byte
+  philox seed and offset tensors.
 - memory-efficient (``aten._scaled_dot_product_efficient_attention``): any float dtype, an
   additive ``attn_bias``; a boolean mask is first turned into an additive one of the query's
   dtype (a new ``... x L x L`` tensor, kept for backward), whose last dimension is padded to a
@@ -38,6 +40,7 @@ __all__ = ["KERNELS", "attention_kernels", "cuda_sdpa"]
 
 KERNELS = ("cpu", "cuda")
 _PAD = 16  # the memory-efficient kernel's alignment of the bias's last dimension
+_FLASH_PAD = 8  # the flash kernel's alignment of the head dim (the CUDA dispatcher pads to it)
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -51,8 +54,14 @@ def _padded(bias: torch.Tensor) -> torch.Tensor:
     last = bias.shape[-1]
     if last % _PAD == 0:
         return bias
-    wide = torch.nn.functional.pad(bias, (0, _PAD - last % _PAD))
+    wide = F.pad(bias, (0, _PAD - last % _PAD))
     return wide[..., :last]
+
+
+def _head_padded(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with its last dimension padded to a multiple of 8: a copy, as the CUDA path makes it."""
+    last = x.shape[-1]
+    return x if last % _FLASH_PAD == 0 else F.pad(x, (0, _FLASH_PAD - last % _FLASH_PAD))
 
 
 def cuda_sdpa(
@@ -65,10 +74,13 @@ def cuda_sdpa(
     four = query.dim() == 4 and key.dim() == 4
     same_heads = key.shape[-3] == query.shape[-3]
     if four and low and attn_mask is None and head <= 256 and value.shape[-1] == head and (same_heads or enable_gqa):
+        # the scale is the unpadded head dim's
+        scale = head**-0.5 if scale is None else scale
+        q, k, v = _head_padded(query), _head_padded(key), _head_padded(value)
         flash: torch.Tensor = torch.ops.aten._scaled_dot_product_flash_attention(
-            query, key, value, dropout_p, is_causal, False, scale=scale
+            q, k, v, dropout_p, is_causal, False, scale=scale
         )[0]
-        return flash
+        return flash if flash.shape[-1] == head else flash[..., :head]
     if four and same_heads and head % (8 if low else 4) == 0 and query.dtype != torch.float64:
         bias = None
         if attn_mask is not None:
