@@ -196,7 +196,7 @@ def test_plan_refuses_a_staged_profile_made_for_another_setup_or_a_lighter_share
     # the right key and share, but made-up peaks: the plan follows them and says the staged model disagrees
     code, out, err = cli(capsys, *base, "--vision-share", "0.5", "--on-oversize", "reject")
     assert code == 0, err
-    assert "the staged model disagrees with the profile at 3 of 4 points" in out
+    assert "the staged model disagrees with the profile at 4 of 4 points" in out
     code, _, err = cli(capsys, *base, "--vision-share", "0.5", "--train", "lora")
     assert code == 1
     one_line_error(err, str(prof), key, "training setup")

@@ -113,6 +113,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also measure a small grid (batch 1, 2 and --batch at each --length; two or more lengths) and save "
         "a profile JSON for `tokenbucket plan --profile`",
     )
+    parser.add_argument(
+        "--kernels",
+        choices=["cuda", "cpu"],
+        help="with --hf-config: the attention kernels recorded on fake tensors: cuda (default: the CUDA kernels' "
+        "meta functions, what a GPU saves for backward) or cpu (the CPU kernels)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON list instead of the table")
     _add_model_flags(parser, with_config=True)
     add_staged_flags(parser)
@@ -168,6 +174,8 @@ def _check_buildable(model: ModelSpec, batch: int, lengths: list[int]) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.hf_config is not None:
         return _run_hf(args)
+    if args.kernels is not None:
+        raise UsageError("--kernels goes with --hf-config; MODULE:FACTORY's model calls its own attention ops")
     if is_staged(args):
         raise UsageError(f"--preset {args.preset} is priced, not built: measure its config.json with --hf-config DIR")
     if args.factory is None:
@@ -314,11 +322,13 @@ def _run_hf(args: argparse.Namespace) -> int:
     if args.length:
         return _hf_grid(args, cost, steps, hf_profile.profile_hf, hf_profile.with_markers)
     sample = sample_from_args(args.sample)
-    run_ = hf_profile.profile_hf(cost.config, sample, args.batch, cost.setup, steps=steps, precision=args.precision)
+    run_ = hf_profile.profile_hf(
+        cost.config, sample, args.batch, cost.setup, steps=steps, precision=args.precision, kernels=args.kernels or "cuda"
+    )  # fmt: skip
     est = cost.memory(args.batch, sample, first_step=steps == 1)
     measured = {k: sum(run_.breakdown.get(c, 0) for c in cats) for k, cats in _KINDS.items()}
     predicted = {k: est.item(k) for k in ("weights", "gradients", "optimizer")}
-    predicted["activations"] = est.item("activations") + est.item("transients")
+    predicted["activations"] = est.item("activations") + est.item("transients") + est.item("loop")
     err = 100.0 * (est.peak_bytes - run_.peak_bytes) / run_.peak_bytes
     within = BAND[0] <= err <= BAND[1]
     suspect = None if within else _suspect(cost, run_, err)  # NOTE [ Which side is suspect ]
@@ -407,7 +417,9 @@ def _hf_grid(
         # the worst sample of n tokens; for Qwen2-VL with its vision markers, which a worst sample
         # made all image tokens has no room for (measured a few tokens long: the safe side)
         sample = markers(cost.config, length_model.sample(n))
-        run_ = measure(cost.config, sample, b, cost.setup, steps=steps, precision=args.precision)
+        run_ = measure(
+            cost.config, sample, b, cost.setup, steps=steps, precision=args.precision, kernels=args.kernels or "cuda"
+        )
         versions, built, why = run_.versions, run_.dtype, run_.notes[0]
         est = cost.memory(b, sample, first_step=steps == 1)
         err = 100.0 * (est.peak_bytes - run_.peak_bytes) / run_.peak_bytes

@@ -323,7 +323,7 @@ class StepShape:
             is gone before backward, as in the HF ``Trainer`` and a Lightning ``training_step``)
             or ``held`` (``out = model(**batch); out.loss.backward()``: the output, logits and
             cache included, lives through backward, as in raw loops and Accelerate's examples).
-        use_cache: ``None`` (as the model's config leaves it) or ``False`` (passed in the call).
+        use_cache: ``None`` (as the model's config leaves it) or a bool (passed in the call).
         kernels: ``cpu`` (the CPU attention kernels) or ``cuda`` (the CUDA kernels' metas,
             :mod:`tokenbucket.cost._kernels`).
         optimizer: ``adamw`` or ``sgd`` (momentum 0.9), both ``foreach=True``.
@@ -339,8 +339,10 @@ class StepShape:
                                      ("optimizer", self.optimizer, ("adamw", "sgd"))):  # fmt: skip
             if value not in choices:
                 raise ConfigError(f"{name} should be one of {list(choices)}, but got {name}={value!r}")
-        if self.use_cache not in (None, False):
-            raise ConfigError(f"use_cache should be None (the config's) or False, but got use_cache={self.use_cache!r}")
+        if self.use_cache is not None and not isinstance(self.use_cache, bool):
+            raise ConfigError(
+                f"use_cache should be None (the config's) or a bool, but got use_cache={self.use_cache!r}"
+            )
 
 
 def _optimizer(model: torch.nn.Module, shape: StepShape) -> torch.optim.Optimizer:
@@ -689,7 +691,7 @@ def _dtype_note(cfg: HFConfig, built: str, precision: str | None) -> str:
 
 def profile_hf(
     config: str | Path | HFConfig, sample: Sample, batch: int = 1, setup: TrainSetup | None = None, *,
-    steps: int = 1, precision: str | None = None,
+    steps: int = 1, precision: str | None = None, kernels: str = "cuda",
 ) -> HFProfile:  # fmt: skip
     """Measure one (``steps=2``: a steady-state) training step of the model ``config`` describes.
 
@@ -698,11 +700,15 @@ def profile_hf(
         sample: one sample's shape; every sample of the batch has it.
         batch: samples per step (per rank).
         setup: the training setup; ``sharding`` ``none``, ``fsdp`` or ``ddp`` (ZeRO is
-            DeepSpeed's and is not measured), no activation checkpointing.
+            DeepSpeed's and is not measured), optimizer ``adamw`` or ``sgd``; its checkpointing
+            (transformers' own, per stage), ``loop`` and ``use_cache`` shape the step
+            (NOTE [ Step shapes ]).
         steps: 1 or 2 (DDP: 1).
         precision: ``bf16`` or ``fp32``, the dtype of every weight, gradient, optimizer state and
             activation; ``None`` builds in bf16 whatever config.json's ``torch_dtype``/``dtype``
             says (NOTE [ The build dtype ]). The first note says which and why.
+        kernels: the attention kernels recorded: ``cuda`` (the default: the CUDA kernels'
+            metas, what a GPU saves; NOTE [ The CUDA kernel choice ]) or ``cpu``.
 
     Raises:
         ConfigError: an unsupported model, setup or precision.
@@ -718,10 +724,8 @@ def profile_hf(
     dtype = BUILD_DTYPES[built]
     if setup.sharding in ("zero2", "zero3"):
         raise ConfigError(f"sharding={setup.sharding!r} is DeepSpeed's and is not measured here: use fsdp or ddp")
-    if setup.vision_checkpointing != "none" or setup.backbone_checkpointing != "none":
-        raise ConfigError("activation checkpointing is not measured yet: profile without it")
-    if setup.optimizer != "adamw":
-        raise ConfigError(f"optimizer={setup.optimizer!r} is not measured yet: profile with adamw")
+    if setup.optimizer == "none":
+        raise ConfigError("optimizer='none' is not measured: profile with adamw or sgd")
     if setup.sharding == "ddp" and setup.ddp_bucket_view:
         raise ConfigError("ddp_bucket_view=True is not measured yet: profile PyTorch's default buckets")
     if steps not in (1, 2):
@@ -739,7 +743,10 @@ def profile_hf(
             model.tie_weights()  # no_init_weights skips the tying that init does
             if tconfig._attn_implementation == "eager":  # NOTE [ Gemma 2 attention ]: run with sdpa
                 model.config._attn_implementation = "sdpa"
-            trained, frozen = apply_training(model, vision, setup.train, setup.lora_rank)
+            trained, frozen = apply_training(
+                model, vision, setup.train, setup.lora_rank, vision_checkpointing=setup.vision_checkpointing == "full",
+                backbone_checkpointing=setup.backbone_checkpointing == "full",
+            )  # fmt: skip
         # NOTE [ The build dtype ]: the dtype reported is the one every floating parameter has
         for name, p in trained.named_parameters():
             if p.is_floating_point() and p.dtype != dtype:
@@ -747,7 +754,10 @@ def profile_hf(
         return trained, frozen
 
     start = time.perf_counter()
-    out = measure_step(build, real, fake, sharding=setup.sharding, world_size=setup.world_size, steps=steps)
+    shape = StepShape(loop=setup.loop, use_cache=setup.use_cache, kernels=kernels, optimizer=setup.optimizer)
+    out = measure_step(
+        build, real, fake, sharding=setup.sharding, world_size=setup.world_size, steps=steps, shape=shape
+    )  # fmt: skip
     return HFProfile(
         peak_bytes=out["peak_bytes"], breakdown=out["peak_breakdown"], phase_peaks=out["phase_peaks"],
         params_total=out["params_total"], params_trainable=out["params_trainable"],
