@@ -49,9 +49,11 @@ def _point(arch: str, train: str, sharding: str) -> dict[str, Any]:
 def test_profile_hf_equals_the_truth_set(arch: str, train: str, sharding: str) -> None:
     p = _point(arch, train, sharding)
     cfg = HFConfig(f"<{arch}>", p["config"], PREPROCESSORS.get(arch, {}))
-    setup = TrainSetup(train=train, sharding="fsdp" if sharding == "fsdp8" else "none", world_size=p["world"])
+    setup = TrainSetup(
+        train=train, sharding="fsdp" if sharding == "fsdp8" else "none", world_size=p["world"], loop="dropped"
+    )  # the point's step: output dropped, the CPU kernels
     sample = Sample(images=p["images"], height=p["height"], width=p["width"], text_tokens=p["text_tokens"])
-    run = profile_hf(cfg, sample, p["batch"], setup)
+    run = profile_hf(cfg, sample, p["batch"], setup, kernels="cpu")
     assert run.seq_len == p["seq_len"]  # the same image tokens as the processor's rules
     assert (run.params_total, run.params_trainable) == (p["params_total"], p["params_trainable"])
     assert run.peak_bytes == pytest.approx(p["peak_bytes"], rel=1e-3)

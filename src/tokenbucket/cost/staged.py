@@ -283,6 +283,7 @@ class StagedCostModel:
         m = self.model
         tokens = batch * seq_len
         cache = self.setup.use_cache if self.setup.use_cache is not None else m.use_cache
+        cache = cache and self.setup.backbone_checkpointing == "none"  # transformers turns it off under checkpointing
         kv = int(m.backbone.kv_heads or m.backbone.heads) * m.head_dim
         return BF16 * m.vocab * tokens + (m.backbone.layers * 2 * BF16 * kv * tokens if cache else 0)
 
