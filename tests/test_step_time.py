@@ -195,7 +195,11 @@ def test_calibration_of_the_demo_run_beats_step_time_proportional_to_flops(tmp_p
     stats = calibrate_log(log).stats
     assert stats["error_planned"] is None  # a CPU run: the plan had no GPU to time steps with
     cal = calibrate_log(log)
-    assert cal.step_time.fixed_seconds is not None and cal.step_time.fixed_seconds > 0  # Python's cost per step
+    # a fixed cost per step is fitted, never negative; it is not held > 0 here: on a loaded 2-core
+    # machine the wall times of a CPU run are noise-bound and the fit may put it all on FLOPs
+    # (a clean-clone make test under load fitted 0.0; tests/test_step_time.py's synthetic logs
+    # hold the recovery of a known fixed cost)
+    assert cal.step_time.fixed_seconds is not None and cal.step_time.fixed_seconds >= 0
     # in-sample, with 5 points for a noisy shared machine (bench_step_time.py demo measures it alone)
     assert stats["error_calibrated"] < stats["error_flops_only"] + 0.05
 
