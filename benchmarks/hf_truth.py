@@ -7,6 +7,11 @@ Command (what ``tests/data/hf_truth.json`` comes from; no GPU, no downloads):
     .venv/bin/python benchmarks/hf_truth.py --steps 2 --shapes 1 --out /tmp/steady.json  # steady state
     .venv/bin/python benchmarks/hf_truth.py --sharding ddp8 --shapes 2 --out /tmp/ddp.json  # DDP's buckets
     .venv/bin/python benchmarks/hf_truth.py --merge a.json b.json --out tests/data/hf_truth.json
+    # how the step is written (AXES; each flag repeatable, every combination measured):
+    .venv/bin/python benchmarks/hf_truth.py --shapes 1 --sharding none --train full --steps 2 \
+        --loop dropped --loop held --kernels cpu --kernels cuda --out /tmp/loops.json
+    .venv/bin/python benchmarks/hf_truth.py --only qwen2-vl-2b --shapes 2 --sharding none --train full --steps 2 \
+        --checkpointing vision --checkpointing backbone --checkpointing both --out /tmp/ckpt.json
 
 Each point builds a real ``transformers`` model from its config class at the real size, in pure
 bf16 (the default dtype is bf16 while it is built), under ``FakeTensorMode`` on ``cpu``, and runs
@@ -14,6 +19,14 @@ one training step: forward with labels, backward, ``AdamW(foreach=True).step()``
 live tensor bytes comes from PyTorch's own trackers: ``MemTracker`` (unsharded) and
 ``FSDPMemTracker`` over FSDP2 ``fully_shard`` on a fake process group of 8 ranks. Unsharded points
 also carry tokenbucket's ``StorageTracker`` peak (512 B rounding, like the CUDA allocator).
+
+A point also says how its step was written (``AXES``, NOTE [ Step shapes ] in
+``tokenbucket.cost.hf_profile``): ``loop`` (``dropped``: ``loss = model(**batch).loss``, the HF
+Trainer and Lightning; ``held``: ``outputs = model(**batch)`` bound to the next step, raw loops and
+Accelerate's examples), ``use_cache`` (as the config leaves it, or off), ``kernels`` (the CPU
+attention kernels, or the CUDA kernels' meta functions), ``optimizer`` (AdamW, SGD with momentum)
+and ``checkpointing`` (transformers' own, on the vision tower, the backbone or both). A point
+without a field was measured under its first value.
 
 The measuring engine is ``tokenbucket.cost.hf_profile.measure_step`` (NOTE [ Root-only peak
 stats ] and NOTE [ Real bookkeeping tensors ] there); this script owns the configs, the shapes
@@ -539,7 +552,8 @@ def _write(path: Path, points: list[dict[str, Any]], failures: dict[str, str]) -
     configs = {p["arch"]: build_config(p["arch"]).to_dict() for p in points}
     data = {
         "format": 1,
-        "about": "one bf16 training step per point on FakeTensorMode (cpu); see benchmarks/hf_truth.py",
+        "about": "bf16 training steps on FakeTensorMode (cpu), written as each point's loop, use_cache, kernels, "
+        "optimizer and checkpointing say; see benchmarks/hf_truth.py",
         "configs": dict(sorted(configs.items())),
         "failures": dict(sorted(failures.items())),
         "points": sorted(points, key=_key),

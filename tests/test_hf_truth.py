@@ -23,14 +23,17 @@ def _data() -> dict[str, Any]:
     return data
 
 
-def _stored(arch: str, train: str, sharding: str, index: int) -> dict[str, Any]:
+def _stored(arch: str, train: str, sharding: str, index: int, steps: int = 1, **axes: str) -> dict[str, Any]:
     fields = hf_truth.shape_record(arch, hf_truth.SHAPES[arch][index])
+    want = {**hf_truth.axes_of({}), **axes}
     for point in _data()["points"]:
-        if (point["arch"], point["train"], point["sharding"], point["steps"]) == (arch, train, sharding, 1) and all(
-            point[k] == v for k, v in fields.items()
+        if (
+            (point["arch"], point["train"], point["sharding"], point["steps"]) == (arch, train, sharding, steps)
+            and all(point[k] == v for k, v in fields.items())
+            and hf_truth.axes_of(point) == want
         ):
             return dict(point)
-    raise AssertionError(f"no stored point {arch}/{train}/{sharding}/{fields}")
+    raise AssertionError(f"no stored point {arch}/{train}/{sharding}/{fields}/steps={steps}/{axes}")
 
 
 def test_hf_truth_fixture_covers_every_arch_and_setup() -> None:
@@ -92,6 +95,25 @@ def test_hf_truth_image_tokens_match_processors() -> None:
 def test_hf_truth_remeasure_equals_fixture(arch: str, train: str, sharding: str) -> None:
     stored = _stored(arch, train, sharding, 0)
     fresh = hf_truth.measure(arch, train, sharding, hf_truth.SHAPES[arch][0])
+    for key in VOLATILE:
+        stored.pop(key)
+        fresh.pop(key)
+    assert json.loads(json.dumps(fresh)) == stored
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("arch", "index", "axes"),
+    [
+        ("qwen2-0.5b", 0, {"loop": "held", "kernels": "cuda"}),  # the logits bound to the next step
+        ("qwen2-0.5b", 0, {"optimizer": "sgd"}),
+        ("qwen2-vl-2b", 0, {"checkpointing": "both"}),  # transformers' own, per stage
+        ("paligemma-3b", 0, {"loop": "held", "kernels": "cuda"}),  # a prefix-LM mask: the efficient kernel
+    ],
+)
+def test_hf_truth_step_shapes_remeasure_equal_fixture(arch: str, index: int, axes: dict[str, str]) -> None:
+    stored = _stored(arch, "full", "none", index, 2, **axes)
+    fresh = hf_truth.measure(arch, "full", "none", hf_truth.SHAPES[arch][index], 2, **axes)
     for key in VOLATILE:
         stored.pop(key)
         fresh.pop(key)
