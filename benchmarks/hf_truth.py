@@ -556,7 +556,7 @@ def _write(path: Path, points: list[dict[str, Any]], failures: dict[str, str]) -
         "optimizer and checkpointing say; see benchmarks/hf_truth.py",
         "configs": dict(sorted(configs.items())),
         "failures": dict(sorted(failures.items())),
-        "points": sorted(points, key=_key),
+        "points": sorted(({**p, **axes_of(p)} for p in points), key=_key),  # every point names its step shape
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

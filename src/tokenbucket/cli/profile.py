@@ -347,7 +347,7 @@ def _run_hf(args: argparse.Namespace) -> int:
     print(
         f"{cost.model.name} ({cost.model.model_type}) on fake tensors (CPU), {run_.dtype}, train {s.train}, sharding "
         f"{s.sharding} x {s.world_size}; batch {args.batch} x {run_.seq_len:,} LLM tokens; {steps} step(s), "
-        f"{run_.seconds:.0f} s; per rank"
+        f"loop {s.loop}, {args.kernels or 'cuda'} attention kernels, {run_.seconds:.0f} s; per rank"
     )
     print(f"  {'':<14}{'measured':>13}{'predicted':>13}")
     for kind in _KINDS:
@@ -443,7 +443,8 @@ def _hf_grid(
     print(
         f"{cost.model.name} ({cost.model.model_type}) on fake tensors (CPU), {built}, train {cost.setup.train}, "
         f"sharding {cost.setup.sharding} x {cost.setup.world_size}; each length's worst sample at vision share "
-        f"{length_model.vision_share:g}; {steps} step(s); per rank"
+        f"{length_model.vision_share:g}; {steps} step(s), loop {cost.setup.loop}, {args.kernels or 'cuda'} attention "
+        "kernels; per rank"
     )
     print(f"  note: {why}")
     print(f"{'batch':>5} {'length':>8} {'sample':>28} {'measured':>12} {'predicted':>12} {'error':>8}")
