@@ -23,7 +23,7 @@ from tokenbucket._exceptions import PlanDriftWarning
 from tokenbucket.cli.inspect_ import bucket_rectangles, plan_figure
 from tokenbucket.cli.main import main
 from tokenbucket.cost.hf_model import StagedModel
-from tokenbucket.cost.staged import StagedCostModel
+from tokenbucket.cost.staged import StagedCostModel, TrainSetup
 from tokenbucket.cost.staged_length import StagedLengthModel
 from tokenbucket.monitor._grid import bucket_grid, format_grid
 from tokenbucket.monitor.hooks import BucketMonitor, split_batch
@@ -42,7 +42,7 @@ from .test_report import _write
 GIB = 2**30
 BUDGET = 70 * GIB
 SPEC = TokenSpec(patch=14)  # a 224 px image is 16 x 16 = 256 tokens, Qwen2-VL's at its default image
-COST = StagedLengthModel(StagedCostModel(StagedModel.preset("qwen2-vl-2b"), gpu="H100-SXM"))
+COST = StagedLengthModel(StagedCostModel(StagedModel.preset("qwen2-vl-2b"), TrainSetup(loop="dropped"), gpu="H100-SXM"))
 HIDDEN = 8
 SAMPLES = 120  # the loop's; the manifest has one more, too long to fit even alone (rejected)
 

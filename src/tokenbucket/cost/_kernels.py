@@ -22,7 +22,8 @@ PyTorch's CUDA dispatcher tries flash, then memory-efficient, then math:
 - math (``aten._scaled_dot_product_attention_math``): everything else; it materialises the
   ``L x L`` scores.
 Each op's meta function gives the shapes, dtypes and layouts the CUDA kernel returns, so what
-autograd keeps for backward is what a GPU keeps.
+autograd keeps for backward is what a GPU keeps (for the bf16 flash case the same bytes as the
+CPU kernel keeps: NOTE [ CPU and CUDA attention kernels ] in ``tokenbucket.cost.memory``).
 """
 
 from __future__ import annotations
