@@ -35,8 +35,12 @@ import itertools
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+if __name__ == "__main__":  # run as a script: the repository root holds the benchmarks package
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_qkv_layout import FAMILIES, build
 
 from tokenbucket.cost._kernels import KERNELS, attention_kernels

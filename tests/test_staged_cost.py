@@ -282,3 +282,12 @@ def test_staged_cost_llava_unused_tower_block_keeps_saved_but_no_gradient() -> N
     assert est.item("gradients") == 2 * (model.params - model.vision[0].unused_params)
     frozen = StagedCostModel(model, TrainSetup(train="frozen-vision"), config=cfg).memory(1, sample, first_step=True)
     assert frozen.stages["vision"]["activations"] == 0  # a frozen tower saves nothing, used or not
+
+
+@pytest.mark.skipif(not FIXTURE.exists(), reason=f"no truth fixture at {FIXTURE}")
+@pytest.mark.parametrize("flag", ["--summary", "--by-step"])
+def test_readme_truth_tables_are_what_the_benchmark_prints(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    bench_staged_cost.main([flag])
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text().splitlines()
+    assert printed and [line for line in printed if line not in readme] == []
