@@ -113,8 +113,16 @@ def test_hf_truth_remeasure_equals_fixture(arch: str, train: str, sharding: str)
 )
 def test_hf_truth_step_shapes_remeasure_equal_fixture(arch: str, index: int, axes: dict[str, str]) -> None:
     stored = _stored(arch, "full", "none", index, 2, **axes)
-    fresh = hf_truth.measure(arch, "full", "none", hf_truth.SHAPES[arch][index], 2, **axes)
+    fresh = json.loads(json.dumps(hf_truth.measure(arch, "full", "none", hf_truth.SHAPES[arch][index], 2, **axes)))
     for key in VOLATILE:
         stored.pop(key)
         fresh.pop(key)
-    assert json.loads(json.dumps(fresh)) == stored
+    # PaliGemma's steady-state peak moves by up to 11 KB of 29 GB between runs of the same point
+    # (measured: 29,542,909,050 .. 29,542,922,266 B); every other field is exact
+    peaks = ("peak_bytes", "storage_tracker_peak")
+    for key in peaks:
+        assert fresh.pop(key) == pytest.approx(stored.pop(key), abs=64 * 1024)
+    for key in ("peak_breakdown", "phase_peaks", "storage_tracker_phase_peaks"):
+        got, want = fresh.pop(key), stored.pop(key)
+        assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], abs=64 * 1024) for k in want)
+    assert fresh == stored
