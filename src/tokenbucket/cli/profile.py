@@ -297,6 +297,7 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise UsageError("--bounds-of gives a grid of lengths, not one --sample: give one of them")
     if args.device != "fake":
         raise UsageError("--hf-config measures on fake tensors only (--device fake)")
+    args.kernels = args.kernels or "cuda"  # the default: what a GPU saves (NOTE [ The CUDA kernel choice ])
     if args.precision == "amp":
         raise UsageError(
             "--precision amp is not measured with --hf-config (its bf16 autocast over fp32 weights): give bf16 or fp32"
@@ -323,7 +324,7 @@ def _run_hf(args: argparse.Namespace) -> int:
         return _hf_grid(args, cost, steps, hf_profile.profile_hf, hf_profile.with_markers)
     sample = sample_from_args(args.sample)
     run_ = hf_profile.profile_hf(
-        cost.config, sample, args.batch, cost.setup, steps=steps, precision=args.precision, kernels=args.kernels or "cuda"
+        cost.config, sample, args.batch, cost.setup, steps=steps, precision=args.precision, kernels=args.kernels
     )  # fmt: skip
     est = cost.memory(args.batch, sample, first_step=steps == 1)
     measured = {k: sum(run_.breakdown.get(c, 0) for c in cats) for k, cats in _KINDS.items()}
@@ -351,7 +352,7 @@ def _run_hf(args: argparse.Namespace) -> int:
     print(
         f"{cost.model.name} ({cost.model.model_type}) on fake tensors (CPU), {run_.dtype}, train {s.train}, sharding "
         f"{s.sharding} x {s.world_size}; batch {args.batch} x {run_.seq_len:,} LLM tokens; {steps} step(s), "
-        f"loop {s.loop}, {args.kernels or 'cuda'} attention kernels, {run_.seconds:.0f} s; per rank"
+        f"loop {s.loop}, {args.kernels} attention kernels, {run_.seconds:.0f} s; per rank"
     )
     print(f"  {'':<14}{'measured':>13}{'predicted':>13}")
     for kind in _KINDS:
@@ -421,9 +422,7 @@ def _hf_grid(
         # the worst sample of n tokens; for Qwen2-VL with its vision markers, which a worst sample
         # made all image tokens has no room for (measured a few tokens long: the safe side)
         sample = markers(cost.config, length_model.sample(n))
-        run_ = measure(
-            cost.config, sample, b, cost.setup, steps=steps, precision=args.precision, kernels=args.kernels or "cuda"
-        )
+        run_ = measure(cost.config, sample, b, cost.setup, steps=steps, precision=args.precision, kernels=args.kernels)
         versions, built, why = run_.versions, run_.dtype, run_.notes[0]
         est = cost.memory(b, sample, first_step=steps == 1)
         err = 100.0 * (est.peak_bytes - run_.peak_bytes) / run_.peak_bytes
@@ -447,7 +446,7 @@ def _hf_grid(
     print(
         f"{cost.model.name} ({cost.model.model_type}) on fake tensors (CPU), {built}, train {cost.setup.train}, "
         f"sharding {cost.setup.sharding} x {cost.setup.world_size}; each length's worst sample at vision share "
-        f"{length_model.vision_share:g}; {steps} step(s), loop {cost.setup.loop}, {args.kernels or 'cuda'} attention "
+        f"{length_model.vision_share:g}; {steps} step(s), loop {cost.setup.loop}, {args.kernels} attention "
         "kernels; per rank"
     )
     print(f"  note: {why}")

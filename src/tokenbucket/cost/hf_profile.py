@@ -87,6 +87,7 @@ from tokenbucket.cost._fake_step import (
 )
 from tokenbucket.cost._kernels import KERNELS, attention_kernels
 from tokenbucket.cost.profile import StorageTracker, default_dtype
+from tokenbucket.cost.staged import LOOPS as SETUP_LOOPS
 from tokenbucket.cost.staged import Sample, TrainSetup
 from tokenbucket.tokens._hf_json import DECODER_TYPES, HFConfig
 from tokenbucket.tokens.hf import patch_grid, read_hf_config, vision_inputs
@@ -95,7 +96,7 @@ __all__ = ["HF_CLASSES", "LOOPS", "HFProfile", "StepShape", "measure_step", "pro
 
 Builder = Callable[[], tuple[torch.nn.Module, list[str]]]
 InputSpecs = dict[str, tuple[tuple[int, ...], torch.dtype]]
-LOOPS = ("dropped", "held")
+LOOPS = tuple(sorted(SETUP_LOOPS))  # the loops TrainSetup prices, each measurable
 # the precisions profile_hf builds in (NOTE [ The build dtype ]); amp would need autocast in the step
 BUILD_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
