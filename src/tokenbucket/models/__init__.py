@@ -1,0 +1,61 @@
+"""Model families: one module per family, and the registry that maps ``model_type`` to it.
+
+Each module (``qwen2_vl.py``, ``gemma3.py``, ...) defines ``FAMILY``, a
+:class:`~tokenbucket.models._base.Family` holding everything about that family: reading its
+``config.json`` and ``preprocessor_config.json``, its exact token count per image, its stages
+for the cost model and its inputs for the measured mode. Adding a family is one new module,
+one line in ``MODULES`` and its truth points (README: "Adding a model family").
+
+Example:
+    >>> family("smolvlm").name, sorted(family("qwen2_5_vl").model_types)
+    ('idefics3', ['qwen2_5_vl', 'qwen2_vl'])
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from functools import cache
+from typing import Any
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.models._base import Family, VisionInputs, check_image_size
+
+__all__ = ["MODULES", "SUPPORTED_MODEL_TYPES", "Family", "VisionInputs", "family", "rule_inputs"]
+
+# model_type -> the family module that reads it
+MODULES: dict[str, str] = {
+    "gemma": "decoders",
+    "gemma2": "decoders",
+    "llama": "decoders",
+    "qwen2": "decoders",
+    "idefics3": "idefics3",
+    "smolvlm": "idefics3",
+    "llava": "llava",
+    "llava_next": "llava_next",
+    "paligemma": "paligemma",
+    "qwen2_vl": "qwen2_vl",
+    "qwen2_5_vl": "qwen2_vl",
+}
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(MODULES))
+
+
+@cache
+def _load(module: str) -> Family:
+    found: Family = importlib.import_module(f"tokenbucket.models.{module}").FAMILY
+    return found
+
+
+def family(model_type: str) -> Family:
+    """The family that reads ``model_type`` (a one-line error listing the supported ones)."""
+    if model_type not in MODULES:
+        raise ConfigError(f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    return _load(MODULES[model_type])
+
+
+def rule_inputs(rule: str, height: int, width: int) -> VisionInputs:
+    """One ``height x width`` image under a :class:`TokenSpec`'s ``image_rule`` (the JSON string
+    :meth:`Family.token_spec` writes: the family's name and its rule's parameters)."""
+    check_image_size(height, width)
+    params: dict[str, Any] = json.loads(rule)
+    return _load(str(params.pop("family"))).rule_inputs(params, height, width)
