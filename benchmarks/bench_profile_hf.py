@@ -39,7 +39,7 @@ from tokenbucket.cost.hf_profile import profile_hf
 from tokenbucket.cost.measured import Profile, SteppedCostModel
 from tokenbucket.cost.staged import Sample, StagedCostModel, TrainSetup
 from tokenbucket.cost.staged_length import StagedLengthModel
-from tokenbucket.tokens._hf_json import HFConfig
+from tokenbucket.models._hf_json import HFConfig
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf_truth.json"
 POINTS = {

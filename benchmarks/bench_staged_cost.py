@@ -22,7 +22,7 @@ from typing import Any
 
 from tokenbucket.cost.hf_model import staged_from_config
 from tokenbucket.cost.staged import Sample, StagedCostModel, TrainSetup
-from tokenbucket.tokens._hf_json import HFConfig
+from tokenbucket.models._hf_json import HFConfig
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf_truth.json"
 # the generator tiles SmolVLM images without upscaling them first (benchmarks/hf_truth.py _smol_tiles)

@@ -20,7 +20,7 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost import hf_profile
 from tokenbucket.cost.hf_profile import profile_hf
 from tokenbucket.cost.staged import Sample, TrainSetup
-from tokenbucket.tokens._hf_json import HFConfig
+from tokenbucket.models._hf_json import HFConfig
 
 FIXTURE = Path(__file__).parent / "data" / "hf_truth.json"
 PREPROCESSORS = {"smolvlm-256m": {"do_resize": False, "max_image_size": {"longest_edge": 512}}}

@@ -12,7 +12,7 @@ from benchmarks import bench_staged_cost
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.hf_model import StagedModel, staged_from_config
 from tokenbucket.cost.staged import ERROR_BAND, STAGE_ITEMS, STAGES, Sample, StagedCostModel, TrainSetup
-from tokenbucket.tokens._hf_json import HFConfig
+from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.tokens.hf import VisionInputs, vision_inputs
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "hf_truth.json"

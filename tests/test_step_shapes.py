@@ -20,7 +20,7 @@ from tokenbucket.cost import _kernels, hf_profile
 from tokenbucket.cost.hf_model import staged_from_config
 from tokenbucket.cost.hf_profile import StepShape, profile_hf
 from tokenbucket.cost.staged import Sample, StagedCostModel, TrainSetup
-from tokenbucket.tokens._hf_json import HFConfig
+from tokenbucket.models._hf_json import HFConfig
 
 CFG = HFConfig("<tiny>", TINY)
 BATCH, SAMPLE = 2, Sample(text_tokens=256)

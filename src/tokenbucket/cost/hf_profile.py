@@ -18,7 +18,7 @@ Example:
     >>> config = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
     ...           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
     ...           "vocab_size": 1000}
-    >>> from tokenbucket.tokens._hf_json import HFConfig
+    >>> from tokenbucket.models._hf_json import HFConfig
     >>> run = profile_hf(HFConfig("<tiny>", config), Sample(text_tokens=128), batch=2)
     >>> run.peak_bytes > 0 and run.params_total == run.params_trainable
     True
@@ -89,7 +89,7 @@ from tokenbucket.cost._kernels import KERNELS, attention_kernels
 from tokenbucket.cost.profile import StorageTracker, default_dtype
 from tokenbucket.cost.staged import LOOPS as SETUP_LOOPS
 from tokenbucket.cost.staged import Sample, TrainSetup
-from tokenbucket.tokens._hf_json import DECODER_TYPES, HFConfig
+from tokenbucket.models._hf_json import DECODER_TYPES, HFConfig
 from tokenbucket.tokens.hf import patch_grid, read_hf_config, vision_inputs
 
 __all__ = ["HF_CLASSES", "LOOPS", "HFProfile", "StepShape", "measure_step", "profile_hf"]

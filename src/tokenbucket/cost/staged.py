@@ -51,7 +51,7 @@ from tokenbucket.cost._stage_units import BF16, Unit, build_units
 from tokenbucket.cost.gpus import GPU, get_gpu
 from tokenbucket.cost.hf_model import StagedModel, staged_from_config
 from tokenbucket.cost.model import _positive
-from tokenbucket.tokens._hf_json import HFConfig
+from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.tokens.hf import VisionInputs, vision_inputs
 
 __all__ = ["ERROR_BAND", "STAGES", "STAGE_ITEMS", "Sample", "StagedCostModel", "StagedEstimate", "TrainSetup"]

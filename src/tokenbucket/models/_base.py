@@ -14,17 +14,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.models._hf_json import HFConfig
+from tokenbucket.models._stages import Projector, VisionTower
 
-if TYPE_CHECKING:
-    from tokenbucket.cost.hf_model import Projector, VisionTower
-    from tokenbucket.cost.staged import Sample
-    from tokenbucket.tokens._hf_json import HFConfig
-    from tokenbucket.tokens.spec import TokenSpec
-
-__all__ = ["Family", "VisionInputs", "check_image_size"]
+__all__ = ["Family", "Inputs", "Shape", "VisionInputs", "check_image_size", "rule_json"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +50,8 @@ class Family:
         vision_attr: the vision tower's attribute under ``model.model`` (``None``: no tower).
         text_type: the text ``model_type`` a ``text_config`` that names none defaults to
             (``None``: a plain decoder, whose text keys sit at the top level).
-        vision_types: vision ``model_type`` -> the defaults transformers applies to its keys.
+        vision_types: vision ``model_type`` -> the defaults transformers applies to its keys
+            (the first is what a ``vision_config`` naming no ``model_type`` is).
         absent_vision: the ``vision_config`` a config without one gets (transformers' default).
         absent_text: the ``text_config`` a config without one gets.
     """
@@ -72,6 +69,33 @@ class Family:
     def has_vision(self) -> bool:
         return self.vision_attr is not None
 
+    def vision_section(self, cfg: HFConfig) -> tuple[dict[str, Any], str]:
+        """``vision_config`` with its ``model_type`` filled in (``absent_vision`` when the config has
+        none), and its key prefix; a vision ``model_type`` outside ``vision_types`` is refused."""
+        raw = cfg.config.get("vision_config")
+        if raw is None:
+            if self.absent_vision is None:
+                raise ConfigError(f"config.json {cfg.path!r}: missing key 'vision_config'")
+            return dict(self.absent_vision), "vision_config"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config.json {cfg.path!r}: key 'vision_config' should be an object, but got {raw!r}")
+        out = dict(raw)
+        default_type = next(iter(self.vision_types))
+        out.setdefault("model_type", default_type)
+        if out["model_type"] in (cfg.model_type, cfg.model_type + "_vision"):  # old checkpoints name the composite
+            out["model_type"] = default_type
+        if out["model_type"] not in self.vision_types:
+            raise ConfigError(
+                f"config.json {cfg.path!r}: vision_config.model_type {out['model_type']!r} is not supported; "
+                f"supported: {', '.join(sorted(self.vision_types))}"
+            )
+        return out, "vision_config"
+
+    def vision_int(self, cfg: HFConfig, key: str) -> int:
+        """A positive integer of the vision tower, with its vision model_type's default."""
+        table, where = self.vision_section(cfg)
+        return int(cfg.get(table, where, key, self.vision_types[str(table["model_type"])].get(key)))
+
     # -- tokens ---------------------------------------------------------------------------------
 
     def image_rule(self, cfg: HFConfig) -> dict[str, Any]:
@@ -88,16 +112,11 @@ class Family:
         check_image_size(height, width)
         return self.rule_inputs(self.image_rule(cfg), height, width)
 
-    def token_spec(self, cfg: HFConfig) -> TokenSpec:
-        """The :class:`TokenSpec` whose per-image count is this family's exact rule (one image per
-        camera frame, NOTE [ Frames are images ]); a plain decoder's counts text only."""
-        from tokenbucket.tokens.spec import CountRule, TokenSpec
-
-        none = CountRule(count=0)
-        rules: dict[str, Any] = {"proprio": none, "action": none, "memory": none}
-        if not self.has_vision:
-            return TokenSpec(patch=1, tokens_per_frame=1, **rules)
-        return TokenSpec(resize="model", image_rule=rule_json(self.name, self.image_rule(cfg)), **rules)
+    def spec_fields(self, cfg: HFConfig) -> dict[str, Any] | None:
+        """The :class:`~tokenbucket.tokens.spec.CameraSpec` fields of a native rule that is exact
+        for this family (a fixed square, Qwen2-VL's ``max_pixels``), or ``None``: the token spec
+        then carries :meth:`image_rule` itself (``resize="model"``)."""
+        return None
 
     def default_image(self, cfg: HFConfig) -> tuple[int, int]:
         """The image size a planner's worst case assumes (NOTE [ The worst sample of a length ])."""
@@ -126,13 +145,28 @@ class Family:
         """Text tokens a sample of ``images`` images needs at least (markers the model reads)."""
         return 0
 
-    def inputs(
-        self, cfg: HFConfig, tconfig: Any, sample: Sample, batch: int, dtype: Any
-    ) -> tuple[dict[str, Any], dict[str, tuple[tuple[int, ...], Any]]]:
-        """The inputs the processor makes for ``batch`` samples shaped like ``sample``: (real,
-        fake specs), NOTE [ Real bookkeeping tensors ] in :mod:`tokenbucket.cost.hf_profile`.
-        ``input_ids`` and ``labels`` are added by the caller when absent."""
-        return {}, {}
+    def inputs(self, cfg: HFConfig, tconfig: Any, shape: Shape, dtype: Any) -> Inputs:
+        """The inputs the processor makes for ``shape.batch`` samples of ``shape.images`` images
+        each: (real tensors, fake ``{name: (size, dtype)}``), NOTE [ Real bookkeeping tensors ]
+        in :mod:`tokenbucket.cost.hf_profile`. ``real`` holds ``input_ids`` ([batch, length],
+        image tokens placed); the caller adds ``labels``. ``tconfig`` is the transformers config,
+        ``dtype`` the pixels' torch dtype (NOTE [ Families defer torch ])."""
+        raise NotImplementedError(f"{self.name}: inputs")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One measured batch: ``batch`` samples of ``images`` images of ``height x width`` and
+    ``text_tokens`` text tokens each (a :class:`~tokenbucket.cost.staged.Sample` and its batch)."""
+
+    batch: int
+    images: int
+    height: int
+    width: int
+    text_tokens: int
+
+
+Inputs = tuple[dict[str, Any], dict[str, tuple[tuple[int, ...], Any]]]
 
 
 def rule_json(family: str, rule: Mapping[str, Any]) -> str:

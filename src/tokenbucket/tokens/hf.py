@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.tokens._hf_json import (
+from tokenbucket.models._hf_json import (
     DECODER_TYPES,
     IDEFICS3_MAX_IMAGE_SIZE,
     QWEN2_VL_PIXELS,
@@ -235,7 +235,7 @@ def patch_grid(config: str | Path | HFConfig, height: int, width: int) -> tuple[
     image after the processor's resize (``image_grid_thw`` without its temporal 1).
 
     Example:
-        >>> from tokenbucket.tokens._hf_json import HFConfig
+        >>> from tokenbucket.models._hf_json import HFConfig
         >>> patch_grid(HFConfig("<qwen>", {"model_type": "qwen2_vl"}), 448, 672)
         (32, 48)
     """
@@ -268,7 +268,7 @@ def vision_inputs(config: str | Path | HFConfig, height: int, width: int) -> Vis
     patches); ``llm_tokens`` equals :func:`image_tokens`. A plain decoder gives ``(0, 0, 0)``.
 
     Example:
-        >>> from tokenbucket.tokens._hf_json import HFConfig
+        >>> from tokenbucket.models._hf_json import HFConfig
         >>> vision_inputs(HFConfig("<qwen>", {"model_type": "qwen2_vl"}), 448, 448)
         VisionInputs(tower_images=1, patches_per_image=1024, llm_tokens=256)
     """

@@ -1,0 +1,126 @@
+"""The stages a family's config describes: vision towers and projectors (plumbing of :mod:`tokenbucket.models`).
+
+:class:`~tokenbucket.cost.hf_model.StagedModel` assembles them with the text backbone; the
+cost model prices them (:mod:`tokenbucket.cost._stage_units`). Parameter counts are exact for
+every supported family (the family tests compare them with transformers on the meta device).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["MAX_MLP_RATIO", "Norm", "Projector", "VisionTower", "linear_params", "norm_params"]
+
+Norm = Literal["layernorm", "rmsnorm"]
+
+MAX_MLP_RATIO = 64  # a Qwen2-VL tower's MLP width over its width (4 in every published config)
+
+
+def norm_params(kind: Norm, dim: int) -> int:
+    return 2 * dim if kind == "layernorm" else dim
+
+
+def linear_params(d_in: int, d_out: int, bias: bool) -> int:
+    return d_in * d_out + (d_out if bias else 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisionTower:
+    """One ViT: ``layers`` pre-norm blocks of width ``hidden`` over ``patch``-pixel patches.
+
+    ``tokens_per_image`` is the tower's own sequence for a fixed-size tower (CLIP at 336: 576
+    patches + the class token = 577); ``None`` for a dynamic-resolution tower (Qwen2-VL).
+    ``unused_layers`` are the blocks after the layer the projector reads (LLaVA's
+    ``vision_feature_layer=-2`` skips the last one) and ``post_norm_used`` says whether the final
+    norm feeds the projector (CLIP's only normalises the pooled class token); a VLM never reads
+    SigLIP's ``pooling_head``. All three still run, but get no gradient (NOTE [ Tower blocks
+    past the feature layer ] in ``_stage_units``).
+    """
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    ffn: int
+    patch: int
+    image_size: int | None = None
+    temporal_patch: int = 1
+    merge: int = 1
+    channels: int = 3
+    gated_mlp: bool = False
+    norm: Norm = "layernorm"
+    class_token: bool = False
+    register_tokens: int = 0
+    learned_positions: bool = True
+    class_position: bool = True
+    patch_bias: bool = True
+    pre_norm: bool = False
+    post_norm: bool = True
+    layer_scale: bool = False
+    pooling_head: bool = False
+    unused_layers: int = 0
+    post_norm_used: bool = True
+
+    @property
+    def tokens_per_image(self) -> int | None:
+        if self.image_size is None:
+            return None
+        return (self.image_size // self.patch) ** 2 + int(self.class_token) + self.register_tokens
+
+    @property
+    def layer_params(self) -> int:
+        d, f = self.hidden, self.ffn
+        mlp = 3 * d * f + 2 * f + d if self.gated_mlp else 2 * d * f + f + d
+        return 4 * d * d + 4 * d + mlp + 2 * norm_params(self.norm, d) + (2 * d if self.layer_scale else 0)
+
+    @property
+    def params(self) -> int:
+        d = self.hidden
+        total = self.layers * self.layer_params
+        total += self.channels * self.temporal_patch * self.patch**2 * d + (d if self.patch_bias else 0)
+        if self.learned_positions:
+            if self.image_size is None:
+                raise AssertionError("learned positions need a fixed image size")
+            total += ((self.image_size // self.patch) ** 2 + int(self.class_token and self.class_position)) * d
+        total += (int(self.class_token) + self.register_tokens) * d
+        total += norm_params(self.norm, d) * (int(self.pre_norm) + int(self.post_norm))
+        return total + self.head_params
+
+    @property
+    def head_params(self) -> int:
+        """The attention-pooling head's parameters: probe, attention (in/out), LayerNorm, MLP."""
+        d = self.hidden
+        return d + 4 * d * d + 4 * d + 2 * d + 2 * d * self.ffn + self.ffn + d if self.pooling_head else 0
+
+    @property
+    def unused_params(self) -> int:
+        """Parameters that never get a gradient: the unused blocks, an unused final norm, the pooling head."""
+        unused_norm = 0 if self.post_norm_used or not self.post_norm else norm_params(self.norm, self.hidden)
+        return self.unused_layers * self.layer_params + unused_norm + self.head_params
+
+
+@dataclass(frozen=True, kw_only=True)
+class Projector:
+    """Vision features → LLM width: ``in_dim → *hidden_dims → out_dim`` linear layers.
+
+    ``merge`` is the spatial fold it applies before the first layer (Qwen2-VL's PatchMerger folds
+    2x2, so ``in_dim = 4 x vision hidden``; Idefics3's pixel shuffle folds ``scale_factor``²).
+    """
+
+    kind: str
+    in_dim: int
+    out_dim: int
+    hidden_dims: tuple[int, ...] = ()
+    bias: bool = True
+    merge: int = 1
+    norm: Norm | None = None
+    norm_dim: int = 0
+    extra_params: int = 0
+
+    @property
+    def params(self) -> int:
+        dims = (self.in_dim, *self.hidden_dims, self.out_dim)
+        total = sum(linear_params(a, b, self.bias) for a, b in itertools.pairwise(dims))
+        return total + (norm_params(self.norm, self.norm_dim) if self.norm else 0) + self.extra_params
