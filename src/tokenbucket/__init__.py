@@ -4,6 +4,8 @@ One subpackage per stage; each imports only the stages above it in this map (tes
 enforces it), and ``_exceptions``, ``_values`` (with ``_arrays``, its vectorised half), ``_search``
 and ``_config`` sit under them all::
 
+    models/    one module per Hugging Face model family: its config keys, exact image tokens, stages, inputs
+       ▼
     tokens/    what a sample costs in tokens: TokenSpec, metadata readers, the breakdown, LeRobot
        ▼
     cost/      what a batch shape costs in bytes and FLOPs: ModelSpec, CostModel, GPUs, ledger, profiles

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from tokenbucket import models
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.model import ModelSpec
-from tokenbucket.models._hf_json import DECODER_TYPES, VISION_DEFAULTS, HFConfig, read_hf_config
-from tokenbucket.models._stages import MAX_MLP_RATIO, Projector, VisionTower, linear_params
+from tokenbucket.models._hf_json import HFConfig, read_hf_config
+from tokenbucket.models._stages import Projector, VisionTower, linear_params
+from tokenbucket.models.paligemma import PALIGEMMA_TEXT
 
 __all__ = ["STAGED_PRESETS", "ActionExpert", "Projector", "StagedModel", "VisionTower", "load_hf_config"]
 
@@ -126,65 +128,6 @@ class StagedModel:
 # -- reading config.json ---------------------------------------------------------------------
 
 
-def _vision_tower(cfg: HFConfig) -> VisionTower:
-    table, where = cfg.section("vision_config")
-    vt = str(table["model_type"])
-    defaults = VISION_DEFAULTS[vt]
-
-    def num(key: str, alias: str | None = None) -> int:
-        if alias is not None and key not in table and alias in table:
-            key = alias
-        return int(cfg.get(table, where, key, defaults.get(key)))
-
-    width_key = "embed_dim" if vt == "qwen2_vl_vision" else "hidden_size"
-    heads_key = "num_heads" if vt.startswith("qwen2") else "num_attention_heads"
-    width, heads = num(width_key), num(heads_key)
-    cfg.check_divides(where, heads_key, heads, width_key, width)
-    if vt == "qwen2_vl_vision":
-        ratio = float(cfg.get(table, where, "mlp_ratio", defaults["mlp_ratio"], float))
-        if not 0 < ratio <= MAX_MLP_RATIO:  # (nan fails too)
-            raise ConfigError(
-                f"config.json {cfg.path!r}: key {where}.mlp_ratio should be a number in (0, {MAX_MLP_RATIO}], "
-                f"but got {ratio!r}"
-            )
-        common: dict[str, Any] = {"hidden": width, "ffn": max(1, int(width * ratio))}
-    elif vt == "qwen2_5_vl_vision":
-        common = {"hidden": width, "ffn": num("intermediate_size"), "gated_mlp": True, "norm": "rmsnorm"}
-    if vt.startswith("qwen2"):
-        return VisionTower(
-            name=vt, layers=num("depth"), heads=heads, patch=num("patch_size"),
-            temporal_patch=num("temporal_patch_size"), merge=num("spatial_merge_size"),
-            channels=num("in_channels", "in_chans"), learned_positions=False, patch_bias=False, post_norm=False,
-            **common,
-        )  # fmt: skip
-    use_head = vt == "siglip_vision_model" and bool(cfg.get(table, where, "vision_use_head", True, bool))
-    layers = num("num_hidden_layers")
-    # LLaVA / LLaVA-NeXT read hidden_states[vision_feature_layer]; the others the last hidden state
-    reads_hidden = cfg.model_type in ("llava", "llava_next")
-    return VisionTower(
-        name=vt, hidden=width, layers=layers, heads=heads,
-        ffn=num("intermediate_size"), patch=num("patch_size"), image_size=num("image_size"),
-        channels=num("num_channels"), class_token=vt == "clip_vision_model", patch_bias=vt != "clip_vision_model",
-        pre_norm=vt == "clip_vision_model", pooling_head=use_head,
-        unused_layers=_unused_layers(cfg, layers) if reads_hidden else 0,
-        post_norm_used=not reads_hidden and vt != "clip_vision_model",
-    )  # fmt: skip
-
-
-def _unused_layers(cfg: HFConfig, layers: int) -> int:
-    """Blocks after the deepest ``vision_feature_layer`` (hidden_states[0] is the embedding output)."""
-    raw = cfg.config.get("vision_feature_layer", -2)
-    picks = raw if isinstance(raw, list) else [raw]
-    if not picks or not all(isinstance(k, int) and not isinstance(k, bool) and -layers - 1 <= k <= layers
-                            for k in picks):  # fmt: skip
-        raise ConfigError(
-            f"config.json {cfg.path!r}: key 'vision_feature_layer' should be a layer index in "
-            f"[{-layers - 1}, {layers}] or a list of them, but got {raw!r}"
-        )
-    deepest = max(k if k >= 0 else layers + 1 + k for k in picks)
-    return layers - int(deepest)
-
-
 # text defaults per decoder model_type (transformers' config classes)
 _TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
@@ -198,24 +141,24 @@ _TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma2": {"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "tie_word_embeddings": True},
 }  # fmt: skip
-_PALIGEMMA_TEXT = {"model_type": "gemma", "hidden_size": 2048, "num_hidden_layers": 18, "intermediate_size": 16384,
-                   "num_attention_heads": 8, "num_key_value_heads": 1, "vocab_size": 257152}  # fmt: skip
-_TEXT_TYPE = {"llava": "llama", "llava_next": "llama", "idefics3": "llama", "smolvlm": "llama", "paligemma": "gemma",
-              "qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl"}  # fmt: skip
 
 
 def _text_table(cfg: HFConfig) -> tuple[dict[str, Any], str, str]:
     """(text keys, key prefix, text model_type): the top level for a decoder or a flat Qwen2-VL config."""
-    mt = cfg.model_type
-    if mt in DECODER_TYPES:
+    mt, family = cfg.model_type, models.of(cfg)
+    if family.text_type is None:
         return cfg.config, "", mt
     raw = cfg.config.get("text_config")
     if raw is None:
-        if mt in ("qwen2_vl", "qwen2_5_vl"):
-            return cfg.config, "", "qwen2_vl"  # hub checkpoints keep the text keys at the top level
-        return (dict(_PALIGEMMA_TEXT) if mt == "paligemma" else {}), "text_config", _TEXT_TYPE[mt]
+        if family.flat_text:
+            return cfg.config, "", family.text_type  # hub checkpoints keep the text keys at the top level
+        return (
+            dict(family.absent_text or {}),
+            "text_config",
+            str((family.absent_text or {}).get("model_type", family.text_type)),
+        )
     table, where = cfg.section("text_config")
-    tt = str(table.get("model_type", _TEXT_TYPE[mt]))
+    tt = str(table.get("model_type", family.text_type))
     if tt.startswith("qwen2") and tt.endswith("_text"):
         tt = "qwen2_vl"
     if tt not in _TEXT_DEFAULTS:
@@ -256,26 +199,6 @@ def _backbone(cfg: HFConfig) -> tuple[ModelSpec, int, int, bool, str, int]:
     return spec, num("vocab_size"), head_dim, tie, bias, 4 if tt == "gemma2" else 2
 
 
-def _projector(cfg: HFConfig, tower: VisionTower, width: int) -> Projector:
-    mt, top = cfg.model_type, cfg.config
-    if mt in ("qwen2_vl", "qwen2_5_vl"):
-        table, where = cfg.section("vision_config")
-        out_key = "hidden_size" if mt == "qwen2_vl" else "out_hidden_size"
-        out = int(cfg.get(table, where, out_key, VISION_DEFAULTS[str(table["model_type"])][out_key]))
-        folded = tower.hidden * tower.merge**2
-        return Projector(kind="patch_merger", in_dim=folded, out_dim=out, hidden_dims=(folded,), merge=tower.merge,
-                         norm=tower.norm, norm_dim=tower.hidden)  # fmt: skip
-    if mt in ("llava", "llava_next"):
-        bias = bool(cfg.get(top, "", "multimodal_projector_bias", True, bool))
-        newline = width if mt == "llava_next" else 0
-        return Projector(kind="mlp", in_dim=tower.hidden, out_dim=width, hidden_dims=(width,), bias=bias,
-                         extra_params=newline)  # fmt: skip
-    if mt == "paligemma":
-        return Projector(kind="linear", in_dim=tower.hidden, out_dim=int(cfg.get(top, "", "projection_dim", 2048)))
-    scale = int(cfg.get(top, "", "scale_factor", 2))
-    return Projector(kind="pixel_shuffle", in_dim=tower.hidden * scale**2, out_dim=width, bias=False, merge=scale)
-
-
 def _logit_softcap(cfg: HFConfig) -> bool:
     """Gemma 2's final logit soft-cap (30.0 unless the config sets it to null), under PaliGemma too."""
     table, _, tt = _text_table(cfg)
@@ -293,16 +216,10 @@ def staged_from_config(cfg: HFConfig, name: str | None = None) -> StagedModel:
     """The :class:`StagedModel` of an already-read config (what :func:`load_hf_config` returns)."""
     mt = cfg.model_type
     spec, vocab, head_dim, text_tie, bias, norms = _backbone(cfg)
-    vision: tuple[VisionTower, ...] = ()
-    projector = None
-    tie = text_tie
-    if mt not in DECODER_TYPES:
-        vision = (_vision_tower(cfg),)
-        projector = _projector(cfg, vision[0], spec.hidden)
-        # transformers 5 ties by the root flag; only LLaVA and Qwen2(.5)-VL copy a text_config
-        # tie up to it (their configs' __post_init__), LLaVA-NeXT, PaliGemma and Idefics3 do not
-        root = bool(cfg.get(cfg.config, "", "tie_word_embeddings", mt == "paligemma", bool))
-        tie = root or (text_tie and mt in ("llava", "qwen2_vl", "qwen2_5_vl"))
+    family = models.of(cfg)
+    vision = family.vision_towers(cfg)
+    projector = family.projector(cfg, vision[0], spec.hidden) if vision else None
+    tie = family.tied(cfg, text_tie)
     return StagedModel(
         name=name or str(cfg.config.get("_name_or_path") or mt), model_type=mt, vision=vision, projector=projector,
         backbone=spec, vocab=vocab, tied_embeddings=tie, head_dim=head_dim, attn_bias=bias,  # type: ignore[arg-type]
@@ -325,7 +242,7 @@ def load_hf_config(path: str | Path) -> StagedModel:
 
 _PALIGEMMA_3B = {
     "model_type": "paligemma", "projection_dim": 2048,
-    "text_config": {**_PALIGEMMA_TEXT, "vocab_size": 257216},
+    "text_config": {**PALIGEMMA_TEXT, "vocab_size": 257216},
     "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
                       "num_hidden_layers": 27, "num_attention_heads": 16, "patch_size": 14, "image_size": 224,
                       "vision_use_head": False},
@@ -346,7 +263,7 @@ def _from_dict(name: str, config: dict[str, Any]) -> StagedModel:
 def _pi0() -> StagedModel:
     # openpi's pi0: PaliGemma-3B (vocab 257152) + a Gemma-300M-shaped flow-matching expert
     # without token embeddings; 50-step chunks of 32-dim actions.
-    base = _from_dict("pi0", {**_PALIGEMMA_3B, "text_config": dict(_PALIGEMMA_TEXT)})
+    base = _from_dict("pi0", {**_PALIGEMMA_3B, "text_config": dict(PALIGEMMA_TEXT)})
     expert = ModelSpec(name="gemma-300m-expert", hidden=1024, layers=18, heads=8, kv_heads=1, mlp_ratio=4.0,
                        gated_mlp=True)  # fmt: skip
     action = ActionExpert(kind="flow", width=1024, horizon=50, action_dim=32, spec=expert, head_dim=256)

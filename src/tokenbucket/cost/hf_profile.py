@@ -75,6 +75,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from transformers.initialization import no_init_weights
 
+from tokenbucket import models
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost._fake_step import (
     _no_adapter_move,
@@ -89,8 +90,9 @@ from tokenbucket.cost._kernels import KERNELS, attention_kernels
 from tokenbucket.cost.profile import StorageTracker, default_dtype
 from tokenbucket.cost.staged import LOOPS as SETUP_LOOPS
 from tokenbucket.cost.staged import Sample, TrainSetup
-from tokenbucket.models._hf_json import DECODER_TYPES, HFConfig
-from tokenbucket.tokens.hf import patch_grid, read_hf_config, vision_inputs
+from tokenbucket.models._base import Shape, token_ids
+from tokenbucket.models._hf_json import HFConfig, read_hf_config
+from tokenbucket.models.qwen2_vl import rope_positions
 
 __all__ = ["HF_CLASSES", "LOOPS", "HFProfile", "StepShape", "measure_step", "profile_hf"]
 
@@ -100,19 +102,9 @@ LOOPS = tuple(sorted(SETUP_LOOPS))  # the loops TrainSetup prices, each measurab
 # the precisions profile_hf builds in (NOTE [ The build dtype ]); amp would need autocast in the step
 BUILD_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# model_type -> (transformers class, the vision tower's attribute under ``model.model``)
+# model_type -> (transformers class, the vision tower's attribute under ``model.model``), every family's
 HF_CLASSES: dict[str, tuple[str, str | None]] = {
-    "qwen2": ("Qwen2ForCausalLM", None),
-    "llama": ("LlamaForCausalLM", None),
-    "gemma": ("GemmaForCausalLM", None),
-    "gemma2": ("Gemma2ForCausalLM", None),
-    "qwen2_vl": ("Qwen2VLForConditionalGeneration", "visual"),
-    "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "visual"),
-    "llava": ("LlavaForConditionalGeneration", "vision_tower"),
-    "llava_next": ("LlavaNextForConditionalGeneration", "vision_tower"),
-    "paligemma": ("PaliGemmaForConditionalGeneration", "vision_tower"),
-    "idefics3": ("Idefics3ForConditionalGeneration", "vision_model"),
-    "smolvlm": ("SmolVLMForConditionalGeneration", "vision_model"),
+    mt: (models.family(mt).hf_classes[mt], models.family(mt).vision_attr) for mt in models.SUPPORTED_MODEL_TYPES
 }
 
 
@@ -474,78 +466,35 @@ def transformers_config(cfg: HFConfig, dtype: torch.dtype = torch.bfloat16) -> t
 
 
 def with_markers(cfg: HFConfig, sample: Sample) -> Sample:
-    """``sample`` with room for Qwen2-VL's vision start and end tokens (two text tokens per image,
-    which its 3-D rope positions need to find each image); other models' samples as they are."""
-    if cfg.model_type in ("qwen2_vl", "qwen2_5_vl") and sample.images and sample.text_tokens < 2 * sample.images:
-        return dataclasses.replace(sample, text_tokens=2 * sample.images)
+    """``sample`` with room for the text tokens its family's model reads around each image
+    (Qwen2-VL's vision start and end tokens, which its 3-D rope positions need to find each
+    image); other samples as they are."""
+    least = models.of(cfg).min_text_tokens(sample.images)
+    if sample.images and sample.text_tokens < least:
+        return dataclasses.replace(sample, text_tokens=least)
     return sample
 
 
 def qwen_rope_positions(
     model_type: str, config: object, ids: torch.Tensor, image_token: int, grid: torch.Tensor
 ) -> torch.Tensor:
-    """Qwen2-VL's / Qwen2.5-VL's 3-D rope positions of ``ids`` (images marked by ``image_token``,
-    of ``grid`` patches each), from transformers' own ``get_rope_index`` on a model shell that
-    holds only the config (no weights)."""
-    mm = torch.eq(ids, image_token).int()
-    model_cls = getattr(transformers, HF_CLASSES[model_type][0].replace("ForConditionalGeneration", "Model"))
-    shell = model_cls.__new__(model_cls)  # get_rope_index reads only the config
-    torch.nn.Module.__init__(shell)
-    shell.config = config
-    positions: torch.Tensor = shell.get_rope_index(ids, mm, grid, None, None)[0]
+    """Qwen2-VL's / Qwen2.5-VL's 3-D rope positions (:func:`tokenbucket.models.qwen2_vl.rope_positions`)."""
+    positions: torch.Tensor = rope_positions(HF_CLASSES[model_type][0], config, ids, image_token, grid)
     return positions
 
 
 def hf_inputs(
     cfg: HFConfig, config: Any, sample: Sample, batch: int, dtype: torch.dtype = torch.bfloat16
 ) -> tuple[dict[str, Any], InputSpecs]:
-    """The inputs a processor makes for ``batch`` samples shaped like ``sample`` (real, fake), pixels in ``dtype``."""
-    mt = cfg.model_type
-    images = sample.images if mt not in DECODER_TYPES else 0
-    vi = vision_inputs(cfg, sample.height, sample.width) if images else None
-    n_img = vi.llm_tokens * images if vi else 0
-    length = n_img + sample.text_tokens
-    real: dict[str, Any] = {}
-    fake: InputSpecs = {}
-    ids = torch.full((batch, length), 1, dtype=torch.long)
-    if vi is not None:
-        named: Any = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", 0)
-        token = int(named)
-        if mt in ("qwen2_vl", "qwen2_5_vl"):
-            if sample.text_tokens < 2 * images:
-                raise ConfigError(
-                    f"a {mt} sample holds a vision start and end token per image: text_tokens should be at least "
-                    f"2 x images = {2 * images}, but got text_tokens={sample.text_tokens} (see with_markers)"
-                )
-            gh, gw = patch_grid(cfg, sample.height, sample.width)
-            row: list[int] = []
-            for _ in range(images):
-                row += [config.vision_start_token_id] + [token] * vi.llm_tokens + [config.vision_end_token_id]
-            ids[:, : len(row)] = torch.tensor(row)
-            grid = torch.tensor([[1, gh, gw]] * (images * batch), dtype=torch.long)
-            real.update(image_grid_thw=grid, position_ids=qwen_rope_positions(mt, config, ids, token, grid))
-            temporal = int(cfg.vision_int("temporal_patch_size"))
-            fake["pixel_values"] = ((images * batch * gh * gw, 3 * temporal * cfg.vision_int("patch_size") ** 2),
-                                    dtype)  # fmt: skip
-        else:
-            ids[:, :n_img] = token
-            side = int(config.vision_config.image_size)
-            if mt == "llava_next":
-                real["image_sizes"] = torch.tensor([[sample.height, sample.width]] * (images * batch), dtype=torch.long)
-                fake["pixel_values"] = ((images * batch, vi.tower_images, 3, side, side), dtype)
-            elif mt in ("idefics3", "smolvlm"):  # NOTE [ Real bookkeeping tensors ]: it reads its pixels
-                tiles = vi.tower_images * images
-                real["pixel_values"] = torch.ones((batch, tiles, 3, side, side), dtype=dtype)
-                real["pixel_attention_mask"] = torch.ones((batch, tiles, side, side), dtype=torch.bool)
-                fake["_pixels_held"] = ((batch, tiles, 3, side, side), dtype)
-            else:
-                fake["pixel_values"] = ((images * batch, 3, side, side), dtype)
-            if mt == "paligemma":
-                tt = torch.zeros((batch, length), dtype=torch.long)
-                tt[:, length // 2 :] = 1  # prefix (image + prompt) then suffix, half and half
-                real["token_type_ids"] = tt
-    real["input_ids"] = ids
-    real["labels"] = ids.clone()
+    """The inputs a processor makes for ``batch`` samples shaped like ``sample`` (real, fake), pixels
+    in ``dtype``: the family's own (:meth:`tokenbucket.models.Family.inputs`), ``labels`` added."""
+    family = models.of(cfg)
+    shape = Shape(batch, sample.images if family.has_vision else 0, sample.height, sample.width, sample.text_tokens)
+    if shape.images:
+        real, fake = family.inputs(cfg, config, shape, dtype)
+    else:
+        real, fake = {"input_ids": token_ids(shape, 0)}, {}
+    real["labels"] = real["input_ids"].clone()
     return real, fake
 
 

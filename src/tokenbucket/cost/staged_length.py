@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenbucket import models
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.gpus import GPU
 from tokenbucket.cost.memory import FlopsEstimate
@@ -40,7 +41,6 @@ from tokenbucket.cost.step_time import (
     optimizer_io_bytes,
 )
 from tokenbucket.tokens.breakdown import breakdown_table
-from tokenbucket.tokens.hf import image_tokens
 from tokenbucket.tokens.metadata import iter_metadata_batches
 from tokenbucket.tokens.spec import TokenSpec
 
@@ -52,8 +52,10 @@ __all__ = [
     "staged_profile_key",
 ]
 
-_QWEN = ("qwen2_vl", "qwen2_5_vl")
-_VARIABLE = (*_QWEN, "llava_next", "idefics3", "smolvlm")  # image tokens depend on the image's size
+
+def _variable(model_type: str) -> bool:
+    """Whether an image's tokens depend on its size (a preset outside the registry: a fixed tower)."""
+    return model_type in models.MODULES and models.family(model_type).variable_tokens
 
 
 # NOTE [ The worst sample of a length ]
@@ -95,15 +97,8 @@ def default_image(cost: StagedCostModel) -> tuple[int, int] | None:
     model = cost.model
     if not model.vision:
         return None
-    mt, cfg = model.model_type, cost.config
-    if mt in _QWEN:
-        return (448, 448)
-    if mt == "llava_next" and cfg is not None:
-        best = max(cfg.pinpoints(), key=lambda hw: image_tokens(cfg, hw[0], hw[1]))
-        return (best[0], best[1])
-    if mt in ("idefics3", "smolvlm") and cfg is not None:
-        side = cfg.idefics3_sizes()[0]
-        return (side, side)
+    if cost.config is not None:  # the family's own choice
+        return models.of(cost.config).default_image(cost.config)
     side = model.vision[0].image_size or model.vision[0].patch
     return (side, side)
 
@@ -176,7 +171,7 @@ class StagedLengthModel:
         t = self.image_tokens
         if not t or not vision or self.image is None:
             return Sample(text_tokens=length)
-        images = vision // t if self.cost.model.model_type not in _VARIABLE else -(-vision // t)
+        images = vision // t if not _variable(self.cost.model.model_type) else -(-vision // t)
         if not images:
             return Sample(text_tokens=length)
         h, w = self.image

@@ -1,14 +1,15 @@
 """Model families: one module per family, and the registry that maps ``model_type`` to it.
 
-Each module (``qwen2_vl.py``, ``gemma3.py``, ...) defines ``FAMILY``, a
+Each module (``qwen2_vl.py``, ``idefics3.py``, ...) defines ``FAMILY``, a
 :class:`~tokenbucket.models._base.Family` holding everything about that family: reading its
 ``config.json`` and ``preprocessor_config.json``, its exact token count per image, its stages
 for the cost model and its inputs for the measured mode. Adding a family is one new module,
-one line in ``MODULES`` and its truth points (README: "Adding a model family").
+one line per ``model_type`` in ``_registry.MODULES`` and its truth points (README: "Adding a
+model family").
 
 Example:
-    >>> family("smolvlm").name, sorted(family("qwen2_5_vl").model_types)
-    ('idefics3', ['qwen2_5_vl', 'qwen2_vl'])
+    >>> family("smolvlm").name, family("qwen2_5_vl").model_types
+    ('idefics3', ('qwen2_vl', 'qwen2_5_vl'))
 """
 
 from __future__ import annotations
@@ -20,23 +21,11 @@ from typing import Any
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.models._base import Family, VisionInputs, check_image_size
+from tokenbucket.models._hf_json import HFConfig
+from tokenbucket.models._registry import MODULES
 
-__all__ = ["MODULES", "SUPPORTED_MODEL_TYPES", "Family", "VisionInputs", "family", "rule_inputs"]
+__all__ = ["MODULES", "SUPPORTED_MODEL_TYPES", "Family", "VisionInputs", "family", "of", "rule_inputs"]
 
-# model_type -> the family module that reads it
-MODULES: dict[str, str] = {
-    "gemma": "decoders",
-    "gemma2": "decoders",
-    "llama": "decoders",
-    "qwen2": "decoders",
-    "idefics3": "idefics3",
-    "smolvlm": "idefics3",
-    "llava": "llava",
-    "llava_next": "llava_next",
-    "paligemma": "paligemma",
-    "qwen2_vl": "qwen2_vl",
-    "qwen2_5_vl": "qwen2_vl",
-}
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(MODULES))
 
 
@@ -51,6 +40,11 @@ def family(model_type: str) -> Family:
     if model_type not in MODULES:
         raise ConfigError(f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     return _load(MODULES[model_type])
+
+
+def of(cfg: HFConfig) -> Family:
+    """The family of a read config (its ``model_type`` checked)."""
+    return family(cfg.model_type)
 
 
 def rule_inputs(rule: str, height: int, width: int) -> VisionInputs:

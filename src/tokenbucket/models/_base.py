@@ -14,13 +14,17 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models._stages import Projector, VisionTower
 
-__all__ = ["Family", "Inputs", "Shape", "VisionInputs", "check_image_size", "rule_json"]
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
+
+__all__ = ["Family", "Inputs", "Shape", "VisionInputs", "check_image_size", "rule_json", "token_ids"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,21 @@ def check_image_size(height: object, width: object) -> None:
             raise ConfigError(f"{name} should be a positive integer, but got {name}={value!r}")
 
 
+@dataclass(frozen=True)
+class Shape:
+    """One measured batch: ``batch`` samples of ``images`` images of ``height x width`` and
+    ``text_tokens`` text tokens each (a :class:`~tokenbucket.cost.staged.Sample` and its batch)."""
+
+    batch: int
+    images: int
+    height: int
+    width: int
+    text_tokens: int
+
+
+Inputs = tuple[dict[str, Any], dict[str, tuple[tuple[int, ...], Any]]]
+
+
 class Family:
     """One family of models. Subclasses set the class attributes and override the methods.
 
@@ -50,10 +69,14 @@ class Family:
         vision_attr: the vision tower's attribute under ``model.model`` (``None``: no tower).
         text_type: the text ``model_type`` a ``text_config`` that names none defaults to
             (``None``: a plain decoder, whose text keys sit at the top level).
-        vision_types: vision ``model_type`` -> the defaults transformers applies to its keys
-            (the first is what a ``vision_config`` naming no ``model_type`` is).
-        absent_vision: the ``vision_config`` a config without one gets (transformers' default).
-        absent_text: the ``text_config`` a config without one gets.
+        vision_types: vision ``model_type`` -> the defaults transformers applies to its keys.
+        absent_vision: ``model_type`` -> the ``vision_config`` a config without one gets
+            (transformers' default); its ``model_type`` is also what a ``vision_config`` naming
+            none is.
+        absent_text: the ``text_config`` a config without one gets (``None``: the text type's defaults).
+        flat_text: a config without ``text_config`` keeps its text keys at the top level
+            (Qwen2-VL's hub checkpoints).
+        variable_tokens: an image's LLM tokens depend on its size (``False``: a fixed square).
     """
 
     name: ClassVar[str] = ""
@@ -62,25 +85,28 @@ class Family:
     vision_attr: ClassVar[str | None] = None
     text_type: ClassVar[str | None] = None
     vision_types: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
-    absent_vision: ClassVar[Mapping[str, Any] | None] = None
+    absent_vision: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     absent_text: ClassVar[Mapping[str, Any] | None] = None
+    flat_text: ClassVar[bool] = False
+    variable_tokens: ClassVar[bool] = True
 
     @property
     def has_vision(self) -> bool:
         return self.vision_attr is not None
 
     def vision_section(self, cfg: HFConfig) -> tuple[dict[str, Any], str]:
-        """``vision_config`` with its ``model_type`` filled in (``absent_vision`` when the config has
-        none), and its key prefix; a vision ``model_type`` outside ``vision_types`` is refused."""
+        """``vision_config`` with its ``model_type`` filled in (``absent_vision``'s when the config
+        has none), and its key prefix; a vision ``model_type`` outside ``vision_types`` is refused."""
         raw = cfg.config.get("vision_config")
+        absent = self.absent_vision.get(cfg.model_type)
+        if absent is None:
+            raise ConfigError(f"config.json {cfg.path!r}: model_type {cfg.model_type!r} has no vision tower")
         if raw is None:
-            if self.absent_vision is None:
-                raise ConfigError(f"config.json {cfg.path!r}: missing key 'vision_config'")
-            return dict(self.absent_vision), "vision_config"
+            return dict(absent), "vision_config"
         if not isinstance(raw, dict):
             raise ConfigError(f"config.json {cfg.path!r}: key 'vision_config' should be an object, but got {raw!r}")
         out = dict(raw)
-        default_type = next(iter(self.vision_types))
+        default_type = str(absent["model_type"])
         out.setdefault("model_type", default_type)
         if out["model_type"] in (cfg.model_type, cfg.model_type + "_vision"):  # old checkpoints name the composite
             out["model_type"] = default_type
@@ -120,7 +146,7 @@ class Family:
 
     def default_image(self, cfg: HFConfig) -> tuple[int, int]:
         """The image size a planner's worst case assumes (NOTE [ The worst sample of a length ])."""
-        raise NotImplementedError(f"{self.name}: default_image")
+        raise AssertionError(f"family {self.name!r} has a vision tower but no default_image")
 
     # -- stages ---------------------------------------------------------------------------------
 
@@ -145,28 +171,20 @@ class Family:
         """Text tokens a sample of ``images`` images needs at least (markers the model reads)."""
         return 0
 
-    def inputs(self, cfg: HFConfig, tconfig: Any, shape: Shape, dtype: Any) -> Inputs:
+    def inputs(self, cfg: HFConfig, tconfig: PretrainedConfig, shape: Shape, dtype: torch.dtype) -> Inputs:
         """The inputs the processor makes for ``shape.batch`` samples of ``shape.images`` images
         each: (real tensors, fake ``{name: (size, dtype)}``), NOTE [ Real bookkeeping tensors ]
         in :mod:`tokenbucket.cost.hf_profile`. ``real`` holds ``input_ids`` ([batch, length],
         image tokens placed); the caller adds ``labels``. ``tconfig`` is the transformers config,
         ``dtype`` the pixels' torch dtype (NOTE [ Families defer torch ])."""
-        raise NotImplementedError(f"{self.name}: inputs")
+        raise ConfigError(f"model family {self.name!r} has no measured mode yet: price it with cost --hf-config")
 
 
-@dataclass(frozen=True)
-class Shape:
-    """One measured batch: ``batch`` samples of ``images`` images of ``height x width`` and
-    ``text_tokens`` text tokens each (a :class:`~tokenbucket.cost.staged.Sample` and its batch)."""
+def token_ids(shape: Shape, image_tokens: int) -> Any:
+    """``input_ids`` [batch, image_tokens + text_tokens]: ones, the caller places the image tokens."""
+    import torch  # optional: the measured mode only (NOTE [ Families defer torch ])
 
-    batch: int
-    images: int
-    height: int
-    width: int
-    text_tokens: int
-
-
-Inputs = tuple[dict[str, Any], dict[str, tuple[tuple[int, ...], Any]]]
+    return torch.full((shape.batch, image_tokens + shape.text_tokens), 1, dtype=torch.long)
 
 
 def rule_json(family: str, rule: Mapping[str, Any]) -> str:

@@ -1,7 +1,8 @@
-"""Reading a Hugging Face ``config.json`` / ``preprocessor_config.json`` as JSON (plumbing of :mod:`tokenbucket.tokens.hf`).
+"""Reading a Hugging Face ``config.json`` / ``preprocessor_config.json`` as JSON (plumbing of :mod:`tokenbucket.models`).
 
-The defaults transformers applies when a key is missing are written out here (from its config
-classes); transformers is never imported.
+What every family reads alike: the files, the ``model_type``, a ``text_config`` table, checked
+keys with one-line errors. The defaults transformers applies when a key is missing are each
+family's (its module under ``tokenbucket/models/``); transformers is never imported.
 """
 
 from __future__ import annotations
@@ -14,52 +15,11 @@ from typing import Any
 from tokenbucket import _values as V
 from tokenbucket._config import json_object
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.models._registry import MODULES
 
-__all__ = ["DECODER_TYPES", "SUPPORTED_MODEL_TYPES", "VISION_DEFAULTS", "HFConfig", "read_hf_config"]
+__all__ = ["HFConfig", "is_side", "read_hf_config"]
 
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = (
-    "gemma", "gemma2", "idefics3", "llama", "llava", "llava_next", "paligemma", "qwen2", "qwen2_5_vl",
-    "qwen2_vl", "smolvlm",
-)  # fmt: skip
-DECODER_TYPES: tuple[str, ...] = ("gemma", "gemma2", "llama", "qwen2")
-
-# Vision-tower defaults per vision model_type (transformers' config classes), and the defaults
-# a composite config applies when its ``vision_config`` is absent altogether.
-VISION_DEFAULTS: dict[str, dict[str, Any]] = {
-    "clip_vision_model": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
-                          "num_attention_heads": 12, "image_size": 224, "patch_size": 32, "num_channels": 3},
-    "siglip_vision_model": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
-                            "num_attention_heads": 12, "image_size": 224, "patch_size": 16, "num_channels": 3,
-                            "vision_use_head": True},
-    "idefics3_vision": {"hidden_size": 1152, "intermediate_size": 3072, "num_hidden_layers": 12,
-                        "num_attention_heads": 16, "image_size": 224, "patch_size": 32, "num_channels": 3},
-    "qwen2_vl_vision": {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "mlp_ratio": 4, "num_heads": 16,
-                        "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
-    "qwen2_5_vl_vision": {"depth": 32, "hidden_size": 3584, "intermediate_size": 3420, "num_heads": 16,
-                          "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
-                          "out_hidden_size": 3584},
-}  # fmt: skip
-VISION_DEFAULTS["smolvlm_vision"] = VISION_DEFAULTS["idefics3_vision"]
-_CLIP_336 = {"model_type": "clip_vision_model", "intermediate_size": 4096, "hidden_size": 1024, "patch_size": 14,
-             "image_size": 336, "num_hidden_layers": 24, "num_attention_heads": 16}  # fmt: skip
-ABSENT_VISION: dict[str, dict[str, Any]] = {
-    "llava": _CLIP_336,
-    "llava_next": _CLIP_336,
-    "paligemma": {"model_type": "siglip_vision_model", "intermediate_size": 4096, "hidden_size": 1152,
-                  "patch_size": 14, "image_size": 224, "num_hidden_layers": 27, "num_attention_heads": 16,
-                  "vision_use_head": False},
-    "idefics3": {"model_type": "idefics3_vision"},
-    "smolvlm": {"model_type": "smolvlm_vision"},
-    "qwen2_vl": {"model_type": "qwen2_vl_vision"},
-    "qwen2_5_vl": {"model_type": "qwen2_5_vl_vision"},
-}  # fmt: skip
-# the vision model_type a composite assumes for a ``vision_config`` that names none
-VISION_TYPE = {k: str(v["model_type"]) for k, v in ABSENT_VISION.items()}
-VISION_TYPE["paligemma"] = "siglip_vision_model"
-LLAVA_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
 LAYER_KEYS = ("num_hidden_layers", "depth")  # NOTE [ Layer counts are bounded ] in tokenbucket._values
-IDEFICS3_MAX_IMAGE_SIZE = 4096  # the image processors' absolute cap on a resized side
-QWEN2_VL_PIXELS = (56 * 56, 28 * 28 * 1280)  # Qwen2VLImageProcessor: (min_pixels, max_pixels)
 
 
 @dataclass(frozen=True)
@@ -75,34 +35,33 @@ class HFConfig:
         value = self.config.get("model_type")
         if not isinstance(value, str):
             raise ConfigError(f"config.json {self.path!r}: missing key 'model_type' (a string naming the architecture)")
-        if value not in SUPPORTED_MODEL_TYPES:
+        if value not in MODULES:
             raise ConfigError(
                 f"config.json {self.path!r}: model_type {value!r} is not supported; "
-                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+                f"supported: {', '.join(sorted(MODULES))}"
             )
         return value
 
     def section(self, name: str) -> tuple[dict[str, Any], str]:
-        """``vision_config`` / ``text_config`` with its model_type filled in, and its key prefix."""
-        mt = self.model_type
+        """A sub-config table (``text_config``; ``{}`` when absent) and its key prefix; a family
+        reads its ``vision_config`` with :meth:`~tokenbucket.models._base.Family.vision_section`."""
         raw = self.config.get(name)
         if raw is None:
-            if name == "vision_config":
-                return dict(ABSENT_VISION[mt]), name
             return {}, name
         if not isinstance(raw, dict):
             raise ConfigError(f"config.json {self.path!r}: key {name!r} should be an object, but got {raw!r}")
-        out = dict(raw)
-        if name == "vision_config":
-            out.setdefault("model_type", VISION_TYPE[mt])
-            if out["model_type"] in (mt, mt + "_vision"):  # old checkpoints name the composite here
-                out["model_type"] = VISION_TYPE[mt]
-            if out["model_type"] not in VISION_DEFAULTS:
-                raise ConfigError(
-                    f"config.json {self.path!r}: vision_config.model_type {out['model_type']!r} is not supported; "
-                    f"supported: {', '.join(sorted(VISION_DEFAULTS))}"
-                )
-        return out, name
+        return dict(raw), name
+
+    def sides(self, table_key: str, key: str, default: int) -> int:
+        """``preprocessor_config.json``'s ``table_key.key`` (``default`` when absent): a side in pixels."""
+        table = self.preprocessor.get(table_key)
+        value = table.get(key, default) if isinstance(table, dict) else default
+        if not is_side(value):
+            raise ConfigError(
+                f"preprocessor_config.json next to {self.path!r}: key '{table_key}.{key}' should be a positive "
+                f"integer up to {V.MAX_SIDE}, but got {value!r}"
+            )
+        return int(value)
 
     def get(self, table: Mapping[str, Any], where: str, key: str, default: object = None, kind: type = int) -> Any:
         """``table[key]`` checked to be a ``kind`` (``default`` when absent); errors name file and key."""
@@ -136,40 +95,8 @@ class HFConfig:
                 f"({whole} / {part} = {whole / part:g})"
             )
 
-    def pinpoints(self) -> list[list[int]]:
-        """LLaVA-NeXT's any-resolution grids (``image_grid_pinpoints``): ``[h, w]`` pairs of pixels."""
-        pins = self.config.get("image_grid_pinpoints") or LLAVA_PINPOINTS
-        if not isinstance(pins, list) or not all(isinstance(p, list) and len(p) == 2 and all(_side(v) for v in p)
-                                                 for p in pins):  # fmt: skip
-            raise ConfigError(
-                f"config.json {self.path!r}: key 'image_grid_pinpoints' should be a list of [h, w] pairs of "
-                f"positive integers up to {V.MAX_SIDE}, but got {pins!r:.80}"
-            )
-        return pins
 
-    def idefics3_sizes(self) -> tuple[int, int, bool]:
-        """Idefics3 / SmolVLM: (longest edge after resize, tile side, split into tiles), from the
-        preprocessor's ``size.longest_edge``, ``max_image_size.longest_edge`` and
-        ``do_image_splitting`` (or the image processor's defaults: 1456, 364, true)."""
-        sides = []
-        for key, default in (("size", 4 * 364), ("max_image_size", 364)):
-            table = self.preprocessor.get(key)
-            value = table.get("longest_edge", default) if isinstance(table, dict) else default
-            if not _side(value):
-                raise ConfigError(
-                    f"preprocessor_config.json next to {self.path!r}: key '{key}.longest_edge' should be a positive "
-                    f"integer up to {V.MAX_SIDE}, but got {value!r}"
-                )
-            sides.append(int(value))
-        return sides[0], sides[1], bool(self.preprocessor.get("do_image_splitting", True))
-
-    def vision_int(self, key: str) -> int:
-        """An integer of the vision tower, with its model_type's default."""
-        table, where = self.section("vision_config")
-        return int(self.get(table, where, key, VISION_DEFAULTS[str(table["model_type"])].get(key)))
-
-
-def _side(value: object) -> bool:
+def is_side(value: object) -> bool:
     """An image side in pixels: a positive integer within NOTE [ Value bounds ]."""
     return type(value) is int and 1 <= value <= V.MAX_SIDE
 

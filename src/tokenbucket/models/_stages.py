@@ -8,10 +8,23 @@ every supported family (the family tests compare them with transformers on the m
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["MAX_MLP_RATIO", "Norm", "Projector", "VisionTower", "linear_params", "norm_params"]
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.models._hf_json import HFConfig
+
+__all__ = [
+    "MAX_MLP_RATIO",
+    "Norm",
+    "Projector",
+    "VisionTower",
+    "linear_params",
+    "norm_params",
+    "unused_layers",
+    "vit_tower",
+]
 
 Norm = Literal["layernorm", "rmsnorm"]
 
@@ -124,3 +137,42 @@ class Projector:
         dims = (self.in_dim, *self.hidden_dims, self.out_dim)
         total = sum(linear_params(a, b, self.bias) for a, b in itertools.pairwise(dims))
         return total + (norm_params(self.norm, self.norm_dim) if self.norm else 0) + self.extra_params
+
+
+def vit_tower(
+    cfg: HFConfig, table: dict[str, Any], where: str, defaults: Mapping[str, Any], *, reads_hidden: bool
+) -> VisionTower:
+    """A CLIP / SigLIP / Idefics3-style ViT read from ``vision_config`` (``table``): CLIP keeps a
+    class token and a pre-norm; SigLIP may carry its attention-pooling head. ``reads_hidden``:
+    the projector reads ``hidden_states[vision_feature_layer]`` (LLaVA), so the blocks after it
+    and the final norm get no gradient (NOTE [ Tower blocks past the feature layer ])."""
+    vt = str(table["model_type"])
+
+    def num(key: str) -> int:
+        return int(cfg.get(table, where, key, defaults.get(key)))
+
+    width, heads = num("hidden_size"), num("num_attention_heads")
+    cfg.check_divides(where, "num_attention_heads", heads, "hidden_size", width)
+    clip = vt == "clip_vision_model"
+    use_head = vt == "siglip_vision_model" and bool(cfg.get(table, where, "vision_use_head", True, bool))
+    layers = num("num_hidden_layers")
+    return VisionTower(
+        name=vt, hidden=width, layers=layers, heads=heads, ffn=num("intermediate_size"), patch=num("patch_size"),
+        image_size=num("image_size"), channels=num("num_channels"), class_token=clip, patch_bias=not clip,
+        pre_norm=clip, pooling_head=use_head, unused_layers=unused_layers(cfg, layers) if reads_hidden else 0,
+        post_norm_used=not reads_hidden and not clip,
+    )  # fmt: skip
+
+
+def unused_layers(cfg: HFConfig, layers: int) -> int:
+    """Blocks after the deepest ``vision_feature_layer`` (hidden_states[0] is the embedding output)."""
+    raw = cfg.config.get("vision_feature_layer", -2)
+    picks = raw if isinstance(raw, list) else [raw]
+    if not picks or not all(isinstance(k, int) and not isinstance(k, bool) and -layers - 1 <= k <= layers
+                            for k in picks):  # fmt: skip
+        raise ConfigError(
+            f"config.json {cfg.path!r}: key 'vision_feature_layer' should be a layer index in "
+            f"[{-layers - 1}, {layers}] or a list of them, but got {raw!r}"
+        )
+    deepest = max(k if k >= 0 else layers + 1 + k for k in picks)
+    return layers - int(deepest)

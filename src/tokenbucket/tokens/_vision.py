@@ -21,6 +21,7 @@ from tokenbucket._exceptions import (
     InvalidValueError,
     MissingColumnError,
 )
+from tokenbucket.models import rule_inputs
 from tokenbucket.tokens.spec import CameraSpec, TokenSpec, _ceil_div
 
 R_DUPLICATE = "should be unique"
@@ -62,6 +63,8 @@ def _spatial_np(
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Vectorised :func:`_spatial_py`: ``(tokens, height_too_small, width_too_small)``."""
     p, m = cs.patch, cs.merge
+    if cs.resize == "model":  # a family's own rule: once per distinct size, then spread back
+        return _model_np(str(cs.image_rule), h, w), None, None
     if cs.resize == "crop":
         gh, gw = (h // p) // m, (w // p) // m
         small_h = gh == 0
@@ -93,6 +96,19 @@ def _spatial_np(
         per = _ceil_div(_ceil_div(fh, p), m) * _ceil_div(_ceil_div(fw, p), m)
         return np.full(len(h), per, dtype=np.int64), None, None
     return _ceil_div_np(_ceil_div_np(h, p), m) * _ceil_div_np(_ceil_div_np(w, p), m), None, None
+
+
+def _model_np(rule: str, h: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """LLM tokens per image under a family's rule: the per-image rule of :func:`_spatial_py`, run
+    once per distinct ``(h, w)`` (a metadata table holds few sizes) and spread back to every row;
+    rows whose sides are not positive (reported by the value checks) get 0."""
+    if not len(h):
+        return np.zeros(0, dtype=np.int64)
+    pairs, where = np.unique(np.stack([h, w], axis=1), axis=0, return_inverse=True)
+    per = np.array(
+        [rule_inputs(rule, int(a), int(b)).llm_tokens if a >= 1 and b >= 1 else 0 for a, b in pairs], dtype=np.int64
+    )
+    return per[where.reshape(-1)]
 
 
 def _temporal_np(cs: CameraSpec, frames: np.ndarray) -> np.ndarray:

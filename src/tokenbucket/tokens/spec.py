@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
+import json
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
@@ -26,11 +26,14 @@ from typing import Any, Literal, cast
 from tokenbucket import _values as V
 from tokenbucket._config import load_toml_section
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.models import rule_inputs
+from tokenbucket.models._registry import MODULES
+from tokenbucket.models.qwen2_vl import smart_resize
 
 __all__ = ["TOKEN_PRESETS", "CameraSpec", "ColumnMap", "CountRule", "TokenSpec"]
 
-Resize = Literal["pad", "crop", "fixed", "max_pixels"]
-RESIZE_POLICIES: tuple[str, ...] = ("pad", "crop", "fixed", "max_pixels")
+Resize = Literal["pad", "crop", "fixed", "max_pixels", "model"]
+RESIZE_POLICIES: tuple[str, ...] = ("pad", "crop", "fixed", "max_pixels", "model")
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
@@ -56,6 +59,9 @@ class CameraSpec:
     - ``fixed``: every frame is resized to ``fixed_size`` (H, W) first, then as ``pad``.
     - ``max_pixels``: keep the aspect ratio, round H and W to multiples of ``patch * merge``,
       and rescale so that ``H'·W'`` lies in ``[min_pixels, max_pixels]`` (the Qwen2-VL rule).
+    - ``model``: a model family's own per-image rule (``image_rule``, written by
+      :func:`tokenbucket.tokens.hf.token_spec_from_hf`: LLaVA-NeXT's grids, Idefics3's tiles, ...);
+      the count is the image's LLM tokens, ``patch`` and ``merge`` are not read.
 
     Patches are then merged: ``ceil(h/merge) x ceil(w/merge)`` (``floor`` under ``crop``).
 
@@ -68,7 +74,7 @@ class CameraSpec:
 
     Args:
         patch: patch side in pixels.
-        resize: ``pad``, ``crop``, ``fixed`` or ``max_pixels``.
+        resize: ``pad``, ``crop``, ``fixed``, ``max_pixels`` or ``model``.
         fixed_size: ``(height, width)`` for ``resize="fixed"``.
         min_pixels: lower bound on ``H'·W'`` for ``resize="max_pixels"``.
         max_pixels: upper bound on ``H'·W'`` for ``resize="max_pixels"``.
@@ -78,6 +84,8 @@ class CameraSpec:
         tokens_per_frame: a resampler's fixed output per frame; overrides the spatial rule.
         special_per_frame: special tokens per temporal token (frame separators, ...).
         special_per_camera: special tokens per camera (begin/end of image, ...).
+        image_rule: for ``resize="model"``, the family and its rule's parameters as JSON
+            (:func:`tokenbucket.models.rule_inputs` reads it).
     """
 
     patch: int = 14
@@ -91,6 +99,7 @@ class CameraSpec:
     tokens_per_frame: int | None = None
     special_per_frame: int = 0
     special_per_camera: int = 0
+    image_rule: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("patch", self.patch, 1, V.MAX_SIDE)
@@ -114,6 +123,10 @@ class CameraSpec:
             _check_int("fixed_size height", size[0], 1, V.MAX_SIDE)
             _check_int("fixed_size width", size[1], 1, V.MAX_SIDE)
             object.__setattr__(self, "fixed_size", (int(size[0]), int(size[1])))
+        if self.resize == "model":
+            _check_rule(self.image_rule)
+        elif self.image_rule is not None:
+            raise ConfigError(f'image_rule is read only with resize="model", but got resize={self.resize!r}')
         if self.resize == "fixed" and self.fixed_size is None:
             raise ConfigError('resize="fixed" needs fixed_size=(height, width), but got fixed_size=None')
         if self.max_pixels is not None:
@@ -142,22 +155,23 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _check_rule(rule: object) -> None:
+    """A ``resize="model"`` rule: JSON naming a known family (its parameters are the family's)."""
+    if not isinstance(rule, str):
+        raise ConfigError(f'resize="model" needs image_rule (a family\'s rule as JSON), but got image_rule={rule!r}')
+    try:
+        params = json.loads(rule)
+    except ValueError:
+        params = None
+    if not isinstance(params, dict) or params.get("family") not in set(MODULES.values()):
+        raise ConfigError(f"image_rule should be JSON naming a model family, but got image_rule={rule!r:.120}")
+
+
 def _smart_resize(cs: CameraSpec, h: int, w: int) -> tuple[int, int]:
     """The ``max_pixels`` resize (Qwen2-VL's ``smart_resize``): both sides multiples of patch x merge."""
     if cs.max_pixels is None:  # CameraSpec.__post_init__ guarantees it with resize="max_pixels"
         raise AssertionError("cs.max_pixels is unset")
-    factor = cs.patch * cs.merge
-    hb = max(factor, round(h / factor) * factor)
-    wb = max(factor, round(w / factor) * factor)
-    if hb * wb > cs.max_pixels:
-        beta = math.sqrt(h * w / cs.max_pixels)
-        hb = max(factor, math.floor(h / beta / factor) * factor)
-        wb = max(factor, math.floor(w / beta / factor) * factor)
-    elif hb * wb < cs.min_pixels:
-        beta = math.sqrt(cs.min_pixels / (h * w))
-        hb = math.ceil(h * beta / factor) * factor
-        wb = math.ceil(w * beta / factor) * factor
-    return hb, wb
+    return smart_resize(h, w, cs.patch * cs.merge, cs.min_pixels, cs.max_pixels)
 
 
 def _spatial_py(cs: CameraSpec, h: int, w: int) -> tuple[int, str | None]:
@@ -170,6 +184,8 @@ def _spatial_py(cs: CameraSpec, h: int, w: int) -> tuple[int, str | None]:
         if gw == 0:
             return 0, "width"
         return gh * gw, None
+    if cs.resize == "model":
+        return rule_inputs(str(cs.image_rule), h, w).llm_tokens, None
     if cs.resize == "max_pixels":
         factor = p * m
         hb, wb = _smart_resize(cs, h, w)

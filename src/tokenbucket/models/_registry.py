@@ -1,0 +1,22 @@
+"""``model_type`` -> the family module that reads it (the registry's table; plumbing of :mod:`tokenbucket.models`).
+
+Adding a family: its module under ``tokenbucket/models/`` and one line here per ``model_type``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MODULES"]
+
+MODULES: dict[str, str] = {
+    "gemma": "decoders",
+    "gemma2": "decoders",
+    "llama": "decoders",
+    "qwen2": "decoders",
+    "idefics3": "idefics3",
+    "smolvlm": "idefics3",
+    "llava": "llava",
+    "llava_next": "llava_next",
+    "paligemma": "paligemma",
+    "qwen2_vl": "qwen2_vl",
+    "qwen2_5_vl": "qwen2_vl",
+}

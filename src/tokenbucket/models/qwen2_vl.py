@@ -1,0 +1,213 @@
+"""Qwen2-VL and Qwen2.5-VL: a dynamic-resolution tower, a 2x2 patch merger, a Qwen2 backbone.
+
+The image processor's ``smart_resize`` rounds both sides to multiples of ``patch x merge`` (28)
+and rescales so the area lies in ``[min_pixels, max_pixels]``; the tower sees every 14-px
+patch (the image repeated along time to fill ``temporal_patch_size``) and the merger folds 2x2
+of them into one LLM token. Exact in a native :class:`~tokenbucket.tokens.spec.CameraSpec`
+rule (``resize="max_pixels"``).
+
+Example:
+    >>> from tokenbucket.models._hf_json import HFConfig
+    >>> FAMILY.vision_inputs(HFConfig("<q>", {"model_type": "qwen2_vl"}), 448, 448)
+    VisionInputs(tower_images=1, patches_per_image=1024, llm_tokens=256)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
+from tokenbucket.models._hf_json import HFConfig
+from tokenbucket.models._stages import MAX_MLP_RATIO, Projector, VisionTower
+from tokenbucket.models.llava import image_token
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
+
+__all__ = ["FAMILY", "QWEN2_VL_PIXELS", "Qwen2VL", "rope_positions", "smart_resize"]
+
+QWEN2_VL_PIXELS = (56 * 56, 28 * 28 * 1280)  # Qwen2VLImageProcessor: (min_pixels, max_pixels)
+_TOWERS: dict[str, dict[str, Any]] = {
+    "qwen2_vl_vision": {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "mlp_ratio": 4, "num_heads": 16,
+                        "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+    "qwen2_5_vl_vision": {"depth": 32, "hidden_size": 3584, "intermediate_size": 3420, "num_heads": 16,
+                          "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                          "out_hidden_size": 3584},
+}  # fmt: skip
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Both sides rounded to multiples of ``factor``, the area brought into ``[min_pixels, max_pixels]``."""
+    hb = max(factor, round(height / factor) * factor)
+    wb = max(factor, round(width / factor) * factor)
+    if hb * wb > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        hb = max(factor, math.floor(height / beta / factor) * factor)
+        wb = max(factor, math.floor(width / beta / factor) * factor)
+    elif hb * wb < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        hb = math.ceil(height * beta / factor) * factor
+        wb = math.ceil(width * beta / factor) * factor
+    return hb, wb
+
+
+class Qwen2VL(Family):
+    name = "qwen2_vl"
+    model_types = ("qwen2_vl", "qwen2_5_vl")
+    hf_classes = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
+    vision_attr = "visual"
+    text_type = "qwen2_vl"
+    vision_types = _TOWERS
+    absent_vision = {"qwen2_vl": {"model_type": "qwen2_vl_vision"}, "qwen2_5_vl": {"model_type": "qwen2_5_vl_vision"}}
+    flat_text = True
+
+    def pixels(self, cfg: HFConfig) -> tuple[int, int]:
+        """(min_pixels, max_pixels): the preprocessor's, or ``size``'s, or the processor's defaults."""
+        pre, size = cfg.preprocessor, cfg.preprocessor.get("size")
+        size = size if isinstance(size, dict) else {}
+        lo = pre.get("min_pixels", size.get("shortest_edge", size.get("min_pixels", QWEN2_VL_PIXELS[0])))
+        hi = pre.get("max_pixels", size.get("longest_edge", size.get("max_pixels", QWEN2_VL_PIXELS[1])))
+        out: list[int] = []
+        for key, value in (("min_pixels", lo), ("max_pixels", hi)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"preprocessor_config.json next to {cfg.path!r}: {key} should be a positive integer, "
+                    f"but got {value!r}"
+                )
+            out.append(value)
+        return out[0], out[1]
+
+    def image_rule(self, cfg: HFConfig) -> dict[str, Any]:
+        lo, hi = self.pixels(cfg)
+        patch, merge = self.vision_int(cfg, "patch_size"), self.vision_int(cfg, "spatial_merge_size")
+        factor = patch * merge
+        if hi < factor * factor:
+            raise ConfigError(
+                f"preprocessor_config.json next to {cfg.path!r}: max_pixels should hold at least one merged patch "
+                f"({factor}x{factor}={factor * factor} pixels), but got max_pixels={hi}"
+            )
+        if lo > hi:
+            raise ConfigError(
+                f"preprocessor_config.json next to {cfg.path!r}: min_pixels should be <= max_pixels={hi}, "
+                f"but got min_pixels={lo}"
+            )
+        return {"patch": patch, "merge": merge, "min_pixels": lo, "max_pixels": hi}
+
+    def grid(self, rule: Mapping[str, Any], height: int, width: int) -> tuple[int, int]:
+        """The pre-merge patch grid ``(rows, cols)`` after the resize (``image_grid_thw`` without its 1)."""
+        patch, merge = int(rule["patch"]), int(rule["merge"])
+        factor = patch * merge
+        if min(height, width) < factor:
+            raise ConfigError(f"an image of {height}x{width} is smaller than one merged patch ({factor} px)")
+        hb, wb = smart_resize(height, width, factor, int(rule["min_pixels"]), int(rule["max_pixels"]))
+        return hb // patch, wb // patch
+
+    def rule_inputs(self, rule: Mapping[str, Any], height: int, width: int) -> VisionInputs:
+        gh, gw = self.grid(rule, height, width)
+        merge = int(rule["merge"])
+        return VisionInputs(1, gh * gw, gh * gw // (merge * merge))
+
+    def spec_fields(self, cfg: HFConfig) -> dict[str, Any] | None:
+        rule = self.image_rule(cfg)
+        return {
+            "patch": rule["patch"], "merge": rule["merge"], "tubelet": 1,  # NOTE [ Frames are images ]
+            "resize": "max_pixels", "min_pixels": rule["min_pixels"], "max_pixels": rule["max_pixels"],
+        }  # fmt: skip
+
+    def default_image(self, cfg: HFConfig) -> tuple[int, int]:
+        return 448, 448  # NOTE [ The worst sample of a length ]: VLA cameras run at 224-480 px
+
+    def vision_towers(self, cfg: HFConfig) -> tuple[VisionTower, ...]:
+        table, where = self.vision_section(cfg)
+        vt = str(table["model_type"])
+        defaults = self.vision_types[vt]
+
+        def num(key: str, alias: str | None = None) -> int:
+            if alias is not None and key not in table and alias in table:
+                key = alias
+            return int(cfg.get(table, where, key, defaults.get(key)))
+
+        width_key = "embed_dim" if vt == "qwen2_vl_vision" else "hidden_size"
+        width, heads = num(width_key), num("num_heads")
+        cfg.check_divides(where, "num_heads", heads, width_key, width)
+        if vt == "qwen2_vl_vision":
+            ratio = float(cfg.get(table, where, "mlp_ratio", defaults["mlp_ratio"], float))
+            if not 0 < ratio <= MAX_MLP_RATIO:  # (nan fails too)
+                raise ConfigError(
+                    f"config.json {cfg.path!r}: key {where}.mlp_ratio should be a number in (0, {MAX_MLP_RATIO}], "
+                    f"but got {ratio!r}"
+                )
+            common: dict[str, Any] = {"hidden": width, "ffn": max(1, int(width * ratio))}
+        else:
+            common = {"hidden": width, "ffn": num("intermediate_size"), "gated_mlp": True, "norm": "rmsnorm"}
+        return (
+            VisionTower(
+                name=vt, layers=num("depth"), heads=heads, patch=num("patch_size"),
+                temporal_patch=num("temporal_patch_size"), merge=num("spatial_merge_size"),
+                channels=num("in_channels", "in_chans"), learned_positions=False, patch_bias=False, post_norm=False,
+                **common,
+            ),
+        )  # fmt: skip
+
+    def projector(self, cfg: HFConfig, tower: VisionTower, width: int) -> Projector | None:
+        table, where = self.vision_section(cfg)
+        out_key = "hidden_size" if cfg.model_type == "qwen2_vl" else "out_hidden_size"
+        out = int(cfg.get(table, where, out_key, self.vision_types[str(table["model_type"])][out_key]))
+        folded = tower.hidden * tower.merge**2
+        return Projector(kind="patch_merger", in_dim=folded, out_dim=out, hidden_dims=(folded,), merge=tower.merge,
+                         norm=tower.norm, norm_dim=tower.hidden)  # fmt: skip
+
+    def tied(self, cfg: HFConfig, text_tie: bool) -> bool:
+        # transformers 5: Qwen2(.5)-VL's config copies a text_config tie up to the root flag
+        return super().tied(cfg, text_tie) or text_tie
+
+    def min_text_tokens(self, images: int) -> int:
+        return 2 * images  # a vision start and end token per image, which the 3-D rope positions need
+
+    def inputs(self, cfg: HFConfig, tconfig: PretrainedConfig, shape: Shape, dtype: torch.dtype) -> Inputs:
+        import torch  # optional: the measured mode only (NOTE [ Families defer torch ])
+
+        if shape.text_tokens < self.min_text_tokens(shape.images):
+            raise ConfigError(
+                f"a {cfg.model_type} sample holds a vision start and end token per image: text_tokens should be at "
+                f"least 2 x images = {2 * shape.images}, but got text_tokens={shape.text_tokens}"
+            )
+        rule = self.image_rule(cfg)
+        gh, gw = self.grid(rule, shape.height, shape.width)
+        per = gh * gw // int(rule["merge"]) ** 2
+        token = image_token(tconfig)
+        ids = token_ids(shape, per * shape.images)
+        row: list[int] = []
+        for _ in range(shape.images):
+            row += [tconfig.vision_start_token_id] + [token] * per + [tconfig.vision_end_token_id]
+        ids[:, : len(row)] = torch.tensor(row)
+        grid = torch.tensor([[1, gh, gw]] * (shape.images * shape.batch), dtype=torch.long)
+        real = {"input_ids": ids, "image_grid_thw": grid,
+                "position_ids": rope_positions(self.hf_classes[cfg.model_type], tconfig, ids, token, grid)}  # fmt: skip
+        temporal, patch = self.vision_int(cfg, "temporal_patch_size"), int(rule["patch"])
+        return real, {"pixel_values": ((shape.images * shape.batch * gh * gw, 3 * temporal * patch**2), dtype)}
+
+
+def rope_positions(
+    cls_name: str, config: object, ids: torch.Tensor, image_token: int, grid: torch.Tensor
+) -> torch.Tensor:
+    """Qwen2-VL's / Qwen2.5-VL's 3-D rope positions of ``ids`` (images marked by ``image_token``,
+    of ``grid`` patches each), from transformers' own ``get_rope_index`` on a model shell that
+    holds only the config (no weights)."""
+    import torch  # optional: the measured mode only (NOTE [ Families defer torch ])
+    import transformers  # optional: the measured mode only
+
+    mm = torch.eq(ids, image_token).int()
+    model_cls = getattr(transformers, cls_name.replace("ForConditionalGeneration", "Model"))
+    shell = model_cls.__new__(model_cls)  # get_rope_index reads only the config
+    torch.nn.Module.__init__(shell)
+    shell.config = config
+    positions: torch.Tensor = shell.get_rope_index(ids, mm, grid, None, None)[0]
+    return positions
+
+
+FAMILY = Qwen2VL()
