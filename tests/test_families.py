@@ -152,7 +152,10 @@ def test_a_model_rule_spec_round_trips_and_refuses_a_bad_rule() -> None:
     cfg = HFConfig("<s>", SMOLVLM_256M, SMOLVLM_PRE)
     spec = token_spec_from_hf(cfg)
     again = TokenSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
-    assert again == spec and breakdown_sample({"cameras": 1, "frames": 1, "height": 512, "width": 512}, again).vision == 1088
+    assert (
+        again == spec
+        and breakdown_sample({"cameras": 1, "frames": 1, "height": 512, "width": 512}, again).vision == 1088
+    )
     with pytest.raises(ConfigError, match=r"image_rule should be JSON naming a model family"):
         TokenSpec(resize="model", image_rule='{"family": "nope"}')
     with pytest.raises(ConfigError, match=r'image_rule is read only with resize="model"'):
