@@ -35,6 +35,13 @@ REAL: dict[str, tuple[str, dict[str, Any]]] = {
     "llava_next": ("LlavaNextConfig", {  # llava-v1.6-mistral-7b-hf shapes on a Llama config
         "text_config": {"model_type": "llama", "vocab_size": 32064, "num_key_value_heads": 8,
                         "intermediate_size": 14336}}),
+    "llava_onevision": ("LlavaOnevisionConfig", {  # llava-hf/llava-onevision-qwen2-0.5b-ov-hf
+        "text_config": {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                        "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 152000,
+                        "tie_word_embeddings": True},
+        "vision_config": {"model_type": "siglip_vision_model", **SIGLIP_SO400M, "num_hidden_layers": 26,
+                          "patch_size": 14, "image_size": 384, "vision_use_head": False},
+        "tie_word_embeddings": True}),
     "paligemma": ("PaliGemmaConfig", {  # google/paligemma-3b-pt-224
         "text_config": {"model_type": "gemma", "hidden_size": 2048, "num_hidden_layers": 18,
                         "intermediate_size": 16384, "num_attention_heads": 8, "num_key_value_heads": 1,

@@ -246,7 +246,7 @@ class StagedCostModel:
                 raise AssertionError("a dynamic-resolution tower needs its config")
             side = tower.image_size or tower.patch
             return VisionInputs(1, tower.tokens_per_image, (side // tower.patch) ** 2)
-        return vision_inputs(self.config, sample.height, sample.width)
+        return vision_inputs(self.config, sample.height, sample.width, sample.images)
 
     def units(self, batch: int, sample: Sample) -> list[Unit]:
         """The step's units in forward order (see :mod:`tokenbucket.cost._stage_units`)."""

@@ -133,10 +133,17 @@ class Family:
         """Exactly what the processor makes of one ``height x width`` image under ``rule``."""
         return VisionInputs(0, 0, 0)
 
-    def vision_inputs(self, cfg: HFConfig, height: int, width: int) -> VisionInputs:
-        """:meth:`rule_inputs` under ``cfg``'s rule."""
+    def sample_rule_inputs(self, rule: Mapping[str, Any], height: int, width: int, images: int) -> VisionInputs:
+        """One of ``images`` images of a sample (LLaVA-OneVision tiles a lone image only);
+        :meth:`rule_inputs` unless a family's processor looks at the sample's image count."""
+        return self.rule_inputs(rule, height, width)
+
+    def vision_inputs(self, cfg: HFConfig, height: int, width: int, images: int = 1) -> VisionInputs:
+        """:meth:`sample_rule_inputs` under ``cfg``'s rule: one of ``images`` images of a sample."""
         check_image_size(height, width)
-        return self.rule_inputs(self.image_rule(cfg), height, width)
+        if isinstance(images, bool) or not isinstance(images, int) or images < 1:
+            raise ConfigError(f"images should be a positive integer, but got images={images!r}")
+        return self.sample_rule_inputs(self.image_rule(cfg), height, width, images)
 
     def spec_fields(self, cfg: HFConfig) -> dict[str, Any] | None:
         """The :class:`~tokenbucket.tokens.spec.CameraSpec` fields of a native rule that is exact

@@ -16,6 +16,7 @@ MODULES: dict[str, str] = {
     "smolvlm": "idefics3",
     "llava": "llava",
     "llava_next": "llava_next",
+    "llava_onevision": "llava_onevision",
     "paligemma": "paligemma",
     "qwen2_vl": "qwen2_vl",
     "qwen2_5_vl": "qwen2_vl",

@@ -86,20 +86,21 @@ def image_tokens(config: str | Path | HFConfig, height: int, width: int) -> int:
     return vision_inputs(config, height, width).llm_tokens
 
 
-def vision_inputs(config: str | Path | HFConfig, height: int, width: int) -> VisionInputs:
+def vision_inputs(config: str | Path | HFConfig, height: int, width: int, images: int = 1) -> VisionInputs:
     """How the vision tower and the LLM see one ``height x width`` image, as the processor prepares it.
 
     ``tower_images`` counts the tower's passes (LLaVA-NeXT's base image plus its any-resolution
     crops; Idefics3 / SmolVLM tiles plus the global tile; one otherwise); ``patches_per_image``
     is the tower's own sequence per pass (CLIP keeps its class token; Qwen2-VL's pre-merge
     patches); ``llm_tokens`` equals :func:`image_tokens`. A plain decoder gives ``(0, 0, 0)``.
+    ``images``: how many images the sample holds (LLaVA-OneVision tiles only a lone image).
 
     Example:
         >>> vision_inputs(HFConfig("<qwen>", {"model_type": "qwen2_vl"}), 448, 448)
         VisionInputs(tower_images=1, patches_per_image=1024, llm_tokens=256)
     """
     cfg = read_hf_config(config)
-    return of(cfg).vision_inputs(cfg, height, width)
+    return of(cfg).vision_inputs(cfg, height, width, images)
 
 
 def patch_grid(config: str | Path | HFConfig, height: int, width: int) -> tuple[int, int]:

@@ -1,0 +1,159 @@
+"""LLaVA-OneVision: a SigLIP tower over any-resolution crops, unpadded, capped at ``anyres_max_N``.
+
+NOTE [ LLaVA-OneVision image tokens ]
+A sample's lone image is matched to the ``image_grid_pinpoints`` grid that keeps most of its
+pixels (then wastes the fewest), cut into tower-sized crops plus the base image, as in
+LLaVA-NeXT; the crops' feature grid is unpadded back to the image's aspect ratio, and when it
+holds more than 1.1² times ``N`` crops' worth of features (``vision_aspect_ratio="anyres_max_N"``)
+it is scaled down bilinearly by that ratio; each of its rows then ends in a learned newline
+token. The base image adds its ``(image_size // patch)**2`` features (SigLIP has no class token).
+A sample of several images is not tiled: each image is padded to a square and becomes one crop
+plus one newline (730 tokens at 384 px). Under ``vision_feature_select_strategy="default"`` the
+processor writes one token less per image. The rule is ``LlavaOnevisionProcessor``'s and
+``LlavaOnevisionModel.pack_image_features``' (tests/test_family_llava_onevision.py checks both).
+
+Example (the published 0.5B/7B processors):
+    >>> from tokenbucket.models._hf_json import HFConfig
+    >>> cfg = HFConfig("<ov>", {"model_type": "llava_onevision"})
+    >>> FAMILY.vision_inputs(cfg, 480, 640)
+    VisionInputs(tower_images=5, patches_per_image=729, llm_tokens=2929)
+    >>> FAMILY.vision_inputs(cfg, 480, 640, images=2)
+    VisionInputs(tower_images=1, patches_per_image=729, llm_tokens=730)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
+from tokenbucket.models._hf_json import HFConfig
+from tokenbucket.models._stages import Projector, VisionTower, vit_tower
+from tokenbucket.models.llava import VIT_DEFAULTS, image_token
+from tokenbucket.models.llava_next import best_resolution, pinpoints, unpadded
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
+
+__all__ = ["FAMILY", "ONEVISION_PINPOINTS", "SIGLIP_384", "LlavaOnevision", "max_crops"]
+
+# LlavaOnevisionConfig's defaults: SigLIP so400m at 384 px, 26 of its 27 blocks, no head
+SIGLIP_384 = {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304, "patch_size": 14,
+              "image_size": 384, "num_hidden_layers": 26, "num_attention_heads": 16, "vision_use_head": False}  # fmt: skip
+ONEVISION_PINPOINTS = [[h, w] for h in range(384, 2305, 384) for w in range(384, 2305, 384)]
+_ANYRES_MAX = re.compile(r"anyres_max_([1-9][0-9]{0,3})")
+
+
+def max_crops(cfg: HFConfig) -> int:
+    """``N`` of ``vision_aspect_ratio="anyres_max_N"`` (transformers' default ``anyres_max_9``)."""
+    raw = cfg.config.get("vision_aspect_ratio", "anyres_max_9")
+    found = _ANYRES_MAX.fullmatch(raw) if isinstance(raw, str) else None
+    if found is None:
+        raise ConfigError(
+            f"config.json {cfg.path!r}: key 'vision_aspect_ratio' should be 'anyres_max_N' (N a positive integer), "
+            f"but got {raw!r}"
+        )
+    return int(found.group(1))
+
+
+def _packed(rule: Mapping[str, Any], height: int, width: int, best_h: int, best_w: int) -> int:
+    """LLM tokens of a lone image tiled on the ``best_h x best_w`` grid (NOTE [ LLaVA-OneVision image tokens ])."""
+    side, grid = int(rule["side"]), int(rule["side"]) // int(rule["patch"])
+    rows, cols = unpadded(height, width, grid * (best_h // side), grid * (best_w // side))
+    ratio = math.sqrt(rows * cols / (int(rule["max"]) * grid * grid))
+    if ratio > 1.1:  # pack_image_features' bilinear downscale to int(rows // ratio) x int(cols // ratio)
+        rows, cols = int(rows // ratio), int(cols // ratio)
+    return rows * cols + rows + grid * grid + int(rule["extra"])
+
+
+class LlavaOnevision(Family):
+    name = "llava_onevision"
+    model_types = ("llava_onevision",)
+    hf_classes = {"llava_onevision": "LlavaOnevisionForConditionalGeneration"}
+    vision_attr = "vision_tower"
+    text_type = "qwen2"
+    vision_types = VIT_DEFAULTS
+    absent_vision = {"llava_onevision": SIGLIP_384}
+
+    def image_rule(self, cfg: HFConfig) -> dict[str, Any]:
+        side, patch = self.vision_int(cfg, "image_size"), self.vision_int(cfg, "patch_size")
+        pins = pinpoints(cfg) if cfg.config.get("image_grid_pinpoints") else ONEVISION_PINPOINTS
+        # the processor takes the class token off the total, not off each crop (SigLIP has none)
+        strategy = cfg.get(cfg.config, "", "vision_feature_select_strategy", "full", str)
+        if strategy not in ("default", "full"):
+            raise ConfigError(
+                f"config.json {cfg.path!r}: key 'vision_feature_select_strategy' should be 'default' or 'full', "
+                f"but got {strategy!r}"
+            )
+        extra = 0 if strategy == "full" else -1
+        return {"side": side, "patch": patch, "pinpoints": pins, "max": max_crops(cfg), "extra": extra}
+
+    def rule_inputs(self, rule: Mapping[str, Any], height: int, width: int) -> VisionInputs:
+        side, grid = int(rule["side"]), int(rule["side"]) // int(rule["patch"])
+        best_h, best_w = best_resolution(height, width, rule["pinpoints"])
+        crops = (best_h // side) * (best_w // side) + 1
+        return VisionInputs(crops, grid * grid, _packed(rule, height, width, best_h, best_w))
+
+    def sample_rule_inputs(self, rule: Mapping[str, Any], height: int, width: int, images: int) -> VisionInputs:
+        if images == 1:
+            return self.rule_inputs(rule, height, width)
+        grid = int(rule["side"]) // int(rule["patch"])
+        return VisionInputs(1, grid * grid, grid * grid + 1 + int(rule["extra"]))  # one crop and its newline
+
+    def default_image(self, cfg: HFConfig) -> tuple[int, int]:
+        """The lone image with the most tokens among those that fill a grid along one side: the
+        tokens an image would make on each grid bound the search (their best is exact)."""
+        rule = self.image_rule(cfg)
+        pins = [(int(h), int(w)) for h, w in rule["pinpoints"]]
+        bounds = []
+        for best_h, best_w in pins:
+            # an image that fits a smaller grid of the same width (height) whole never picks this one
+            below_h = max([h for h, w in pins if w == best_w and h < best_h], default=0)
+            below_w = max([w for h, w in pins if h == best_h and w < best_w], default=0)
+            bounds += [(_packed(rule, h, best_w, best_h, best_w), h, best_w) for h in range(below_h + 1, best_h + 1)]
+            bounds += [(_packed(rule, best_h, w, best_h, best_w), best_h, w) for w in range(below_w + 1, best_w)]
+        best, size = -1, (0, 0)
+        for bound, h, w in sorted(bounds, reverse=True):
+            if bound <= best:
+                break
+            tokens = self.rule_inputs(rule, h, w).llm_tokens
+            if tokens > best:
+                best, size = tokens, (h, w)
+        return size
+
+    def vision_towers(self, cfg: HFConfig) -> tuple[VisionTower, ...]:
+        table, where = self.vision_section(cfg)
+        return (vit_tower(cfg, table, where, self.vision_types[str(table["model_type"])], reads_hidden=True),)
+
+    def projector(self, cfg: HFConfig, tower: VisionTower, width: int) -> Projector | None:
+        bias = bool(cfg.get(cfg.config, "", "multimodal_projector_bias", True, bool))
+        return Projector(
+            kind="mlp", in_dim=tower.hidden, out_dim=width, hidden_dims=(width,), bias=bias, extra_params=width
+        )  # fmt: skip  (the image newline)
+
+    def tied(self, cfg: HFConfig, text_tie: bool) -> bool:
+        # LlavaOnevisionConfig copies a text_config tie up to the root flag
+        return super().tied(cfg, text_tie) or text_tie
+
+    def inputs(self, cfg: HFConfig, tconfig: PretrainedConfig, shape: Shape, dtype: torch.dtype) -> Inputs:
+        import torch  # optional: the measured mode only (NOTE [ Families defer torch ])
+
+        vi = self.vision_inputs(cfg, shape.height, shape.width, shape.images)
+        n = vi.llm_tokens * shape.images
+        ids = token_ids(shape, n)
+        ids[:, :n] = image_token(tconfig)
+        side = int(tconfig.vision_config.image_size)
+        count = shape.images * shape.batch
+        real = {
+            "input_ids": ids,
+            "image_sizes": torch.tensor([[shape.height, shape.width]] * count, dtype=torch.long),
+            "batch_num_images": torch.tensor([shape.images] * shape.batch, dtype=torch.long),
+        }
+        return real, {"pixel_values": ((count, vi.tower_images, 3, side, side), dtype)}
+
+
+FAMILY = LlavaOnevision()

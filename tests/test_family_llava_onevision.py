@@ -1,0 +1,146 @@
+"""LLaVA-OneVision's token rule against the pinned transformers (NOTE [ LLaVA-OneVision image tokens ]).
+
+Two oracles, neither needing a tokenizer or a download: ``LlavaOnevisionProcessor.replace_image_token``
+(the count the processor writes, lone images and samples of several) on a processor built from
+config values, and ``LlavaOnevisionModel.pack_image_features`` (the features the model makes:
+the anyres grid, unpadding, the ``anyres_max`` downscale and the newlines) run on zero features.
+The image processor itself is run on a few sizes for its crop counts.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from transformers.models.llava_onevision.modeling_llava_onevision import LlavaOnevisionModel
+
+from tests.test_families import GRID, _mismatches
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.cost.hf_model import staged_from_config
+from tokenbucket.cost.staged import Sample, StagedCostModel
+from tokenbucket.models import family
+from tokenbucket.models._hf_json import HFConfig
+from tokenbucket.models.llava_onevision import ONEVISION_PINPOINTS
+from tokenbucket.tokens.hf import vision_inputs
+
+# the grid, plus sizes around the anyres_max downscale and the planner's worst image
+SIZES = [*GRID, (1386, 1152), (1154, 946), (1407, 1152), (2304, 2304), (384, 2304), (3000, 500), (1152, 2305)]
+SMALL_PINS = [[384, 768], [768, 384], [768, 768], [1152, 384], [384, 1152]]
+CONFIGS: dict[str, dict[str, Any]] = {
+    "default": {"model_type": "llava_onevision"},  # the published processors: anyres_max_9, full
+    "max4-small-pins": {"model_type": "llava_onevision", "vision_aspect_ratio": "anyres_max_4",
+                        "image_grid_pinpoints": SMALL_PINS},
+    "default-strategy": {"model_type": "llava_onevision", "vision_feature_select_strategy": "default"},
+}  # fmt: skip
+# llava-hf/llava-onevision-qwen2-0.5b-ov-hf (config.json)
+PUBLISHED_05B = {
+    "model_type": "llava_onevision", "tie_word_embeddings": True, "vision_feature_layer": -1,
+    "vision_feature_select_strategy": "full", "vision_aspect_ratio": "anyres_max_9", "image_token_index": 151646,
+    "image_grid_pinpoints": ONEVISION_PINPOINTS,
+    "text_config": {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                    "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 152000,
+                    "tie_word_embeddings": True},
+    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "image_size": 384,
+                      "intermediate_size": 4304, "num_attention_heads": 16, "num_hidden_layers": 26,
+                      "patch_size": 14, "vision_use_head": False},
+}  # fmt: skip
+
+
+def _processor(config: dict[str, Any]) -> Any:
+    proc = transformers.LlavaOnevisionProcessor.__new__(transformers.LlavaOnevisionProcessor)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        proc.image_processor = transformers.LlavaOnevisionImageProcessorPil(
+            image_grid_pinpoints=config.get("image_grid_pinpoints", ONEVISION_PINPOINTS)
+        )
+    proc.num_image_tokens = (384 // 14) ** 2
+    proc.vision_feature_select_strategy = config.get("vision_feature_select_strategy", "full")
+    proc.vision_aspect_ratio = config.get("vision_aspect_ratio", "anyres_max_9")
+    proc.image_token = "<image>"
+    return proc
+
+
+def _written(proc: Any, sizes: list[tuple[int, int]], per_sample: int) -> list[int]:
+    """The image tokens the processor writes for each image of samples of ``per_sample`` images."""
+    inputs = {"batch_num_images": [per_sample] * (len(sizes) // per_sample), "image_sizes": sizes,
+              "pixel_values": [[np.zeros((3, 384, 384))]]}  # fmt: skip
+    return [len(proc.replace_image_token(inputs, i)) // len("<image>") for i in range(len(sizes))]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_llava_onevision_counts_equal_the_processor_over_the_grid(name: str) -> None:
+    config = CONFIGS[name]
+    cfg = HFConfig(f"<{name}>", config)
+    proc = _processor(config)
+    expected = dict(zip(SIZES, _written(proc, SIZES, 1), strict=True))
+    assert _mismatches(cfg, expected) == []  # image_tokens, the spec's scalar and vectorised paths
+    two = _written(proc, SIZES[:30], 2)  # a sample of two images: neither is tiled
+    assert [vision_inputs(cfg, h, w, images=2).llm_tokens for h, w in SIZES[:30]] == two
+    assert set(two) == {730 if "strategy" not in name else 729}
+    assert len(expected) == len(SIZES) == 37
+
+
+@pytest.mark.parametrize("name", ["default", "max4-small-pins"])
+def test_llava_onevision_counts_equal_the_model_packing(name: str) -> None:
+    config = CONFIGS[name]
+    cfg = HFConfig(f"<{name}>", config)
+    tconfig = types.SimpleNamespace(
+        vision_config=types.SimpleNamespace(image_size=384, patch_size=14),
+        image_grid_pinpoints=config.get("image_grid_pinpoints", ONEVISION_PINPOINTS),
+    )
+    model = types.SimpleNamespace(config=tconfig)
+    got, want = [], []
+    for h, w in SIZES:
+        vi = vision_inputs(cfg, h, w)
+        feats = [torch.zeros((vi.tower_images, vi.patches_per_image, 1))]
+        _, lens = LlavaOnevisionModel.pack_image_features(
+            model, feats, torch.tensor([[h, w]]), torch.zeros(1), config.get("vision_aspect_ratio", "anyres_max_9")
+        )  # type: ignore[arg-type]
+        got.append(vi.llm_tokens)
+        want.append(int(lens[0]))
+    assert got == want
+
+
+def test_llava_onevision_image_processor_crops_and_multi_image_pixels() -> None:
+    proc = _processor({}).image_processor
+    cfg = HFConfig("<ov>", {"model_type": "llava_onevision"})
+    for h, w in [(240, 320), (600, 90), (1080, 1920)]:
+        pixels = proc(np.zeros((h, w, 3), dtype=np.uint8), return_tensors="np")["pixel_values"]
+        assert pixels.shape[1:] == (vision_inputs(cfg, h, w).tower_images, 3, 384, 384)
+    two = [[np.zeros((480, 640, 3), dtype=np.uint8)] * 2]
+    out = proc(two, return_tensors="np")
+    assert out["pixel_values"].shape == (2, 1, 3, 384, 384) and list(out["batch_num_images"]) == [2]
+
+
+def test_llava_onevision_worst_image_and_staged_model() -> None:
+    cfg = HFConfig("<ov>", PUBLISHED_05B)
+    fam = family("llava_onevision")
+    h, w = fam.default_image(cfg)
+    # brute force over every 2 x 8 px step up to 2500 px finds no image above 8,765 tokens
+    assert vision_inputs(cfg, h, w).llm_tokens == 8765 == vision_inputs(cfg, 1386, 1152).llm_tokens
+    model = staged_from_config(cfg)
+    assert model.params == 893_675_552  # transformers' own count: tests/test_hf_config.py
+    assert model.vision[0].unused_layers == 0 and not model.vision[0].post_norm_used
+    cost = StagedCostModel(model, config=cfg)
+    one = cost.memory(1, Sample(images=1, height=480, width=640, text_tokens=64))
+    two = cost.memory(1, Sample(images=2, height=480, width=640, text_tokens=64))
+    assert one.seq_len == 2929 + 64 and two.seq_len == 2 * 730 + 64
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("vision_aspect_ratio", "anyres", "key 'vision_aspect_ratio' should be 'anyres_max_N'"),
+    ("vision_feature_select_strategy", "cls", "key 'vision_feature_select_strategy' should be 'default' or 'full'"),
+    ("image_grid_pinpoints", [[384]], "key 'image_grid_pinpoints' should be a list of [h, w] pairs"),
+])  # fmt: skip
+def test_llava_onevision_bad_keys_are_refused_in_one_line(key: str, value: Any, message: str) -> None:
+    cfg = HFConfig("<bad>", {"model_type": "llava_onevision", key: value})
+    with pytest.raises(ConfigError) as info:
+        vision_inputs(cfg, 480, 640)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="images should be a positive integer, but got images=0"):
+        vision_inputs(HFConfig("<ov>", {"model_type": "llava_onevision"}), 480, 640, images=0)
