@@ -42,6 +42,7 @@ import json
 import os
 import sys
 import time
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -90,14 +91,14 @@ def _gemma_2b(vocab_size: int = 256000) -> transformers.GemmaConfig:
     )
 
 
-def _qwen2_05b(**kw: object) -> transformers.Qwen2Config:
+def _qwen2_05b(vocab_size: int = 151936, **kw: object) -> transformers.Qwen2Config:
     return transformers.Qwen2Config(
         hidden_size=896,
         intermediate_size=4864,
         num_hidden_layers=24,
         num_attention_heads=14,
         num_key_value_heads=2,
-        vocab_size=151936,
+        vocab_size=vocab_size,
         max_position_embeddings=32768,
         rope_theta=1000000.0,
         tie_word_embeddings=True,
@@ -246,6 +247,25 @@ def _build_config(name: str) -> transformers.PretrainedConfig:
             vision_feature_select_strategy="default",
             image_grid_pinpoints=[[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
         )
+    if name == "llava-onevision-0.5b":  # llava-hf/llava-onevision-qwen2-0.5b-ov-hf
+        return transformers.LlavaOnevisionConfig(
+            vision_config=transformers.SiglipVisionConfig(
+                hidden_size=1152,
+                intermediate_size=4304,
+                num_hidden_layers=26,
+                num_attention_heads=16,
+                image_size=384,
+                patch_size=14,
+                vision_use_head=False,
+            ),
+            text_config=_qwen2_05b(vocab_size=152000),
+            image_token_index=151646,
+            video_token_index=151647,
+            vision_feature_layer=-1,
+            vision_feature_select_strategy="full",
+            vision_aspect_ratio="anyres_max_9",
+            tie_word_embeddings=True,
+        )
     if name == "paligemma-3b":
         return transformers.PaliGemmaConfig(
             vision_config=_siglip_so400m(224),
@@ -305,6 +325,7 @@ ARCH_TYPES: dict[str, str] = {
     "paligemma-3b": "paligemma",
     "llava-next-qwen2-0.5b": "llava_next",
     "smolvlm-256m": "idefics3",
+    "llava-onevision-0.5b": "llava_onevision",
 }
 ARCHS: dict[str, tuple[str, str | None]] = {name: HF_CLASSES[mt] for name, mt in ARCH_TYPES.items()}
 
@@ -320,6 +341,8 @@ SHAPES: dict[str, list[tuple[int, int, int, int, int]]] = {
     "paligemma-3b": [(1, 1, 224, 224, 256), (2, 1, 224, 224, 1024), (1, 4, 224, 224, 2048)],
     "llava-next-qwen2-0.5b": [(1, 1, 336, 336, 256), (2, 1, 672, 672, 1024), (1, 2, 336, 1008, 2048)],
     "smolvlm-256m": [(1, 1, 512, 512, 256), (2, 1, 1024, 1024, 1024), (1, 4, 896, 896, 2048)],
+    # a lone image is tiled (2 and 5 tower passes); four images in a sample are one crop each
+    "llava-onevision-0.5b": [(1, 1, 384, 384, 256), (2, 1, 480, 640, 512), (1, 4, 384, 384, 1024)],
 }
 
 TRAINS = ("full", "frozen-vision", "lora")
@@ -393,8 +416,27 @@ def _smol_tiles(h: int, w: int) -> int:
     return rows * cols + (1 if rows * cols > 1 else 0)
 
 
-def image_tokens_per_image(name: str, config: Any, h: int, w: int) -> int:
-    """LLM tokens one image of ``h``×``w`` becomes (0 for text-only archs)."""
+def _onevision_processor(config: Any) -> Any:
+    """LlavaOnevisionProcessor without a tokenizer: its own counting (replace_image_token)."""
+    proc = transformers.LlavaOnevisionProcessor.__new__(transformers.LlavaOnevisionProcessor)
+    proc.image_processor = types.SimpleNamespace(image_grid_pinpoints=config.image_grid_pinpoints)
+    proc.num_image_tokens = (config.vision_config.image_size // config.vision_config.patch_size) ** 2
+    proc.vision_feature_select_strategy = config.vision_feature_select_strategy
+    proc.vision_aspect_ratio = config.vision_aspect_ratio
+    proc.image_token = "<image>"
+    return proc
+
+
+def _onevision_tokens(config: Any, h: int, w: int, images: int) -> int:
+    """LLaVA-OneVision image tokens of one of a sample's ``images`` images (only a lone one is tiled)."""
+    side = config.vision_config.image_size
+    inputs = {"batch_num_images": [images], "image_sizes": [[h, w]] * images,
+              "pixel_values": [[torch.empty((3, side, side), device="meta")]]}  # fmt: skip
+    return len(_onevision_processor(config).replace_image_token(inputs, 0)) // len("<image>")
+
+
+def image_tokens_per_image(name: str, config: Any, h: int, w: int, images: int = 1) -> int:
+    """LLM tokens one of ``images`` images of ``h``×``w`` in a sample becomes (0 for text-only archs)."""
     if name in ("qwen2-vl-2b", "qwen2.5-vl-3b"):
         gh, gw = _qwen_grid(h, w)
         return gh * gw // 4
@@ -407,6 +449,8 @@ def image_tokens_per_image(name: str, config: Any, h: int, w: int) -> int:
     if name == "smolvlm-256m":
         per_tile = (config.vision_config.image_size // config.vision_config.patch_size) ** 2 // config.scale_factor**2
         return _smol_tiles(h, w) * per_tile
+    if name == "llava-onevision-0.5b":
+        return _onevision_tokens(config, h, w, images)
     return 0
 
 
@@ -454,6 +498,11 @@ def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[st
             crops, _ = _next_patches(config, h, w)
             real["image_sizes"] = torch.tensor([[h, w]] * (images * batch), dtype=torch.long)
             fake["pixel_values"] = ((images * batch, crops, 3, 336, 336), torch.bfloat16)
+        elif name == "llava-onevision-0.5b":  # a lone image: the base image and its grid's crops
+            crops = _next_patches(config, h, w)[0] if images == 1 else 1
+            real["image_sizes"] = torch.tensor([[h, w]] * (images * batch), dtype=torch.long)
+            real["batch_num_images"] = torch.tensor([images] * batch, dtype=torch.long)
+            fake["pixel_values"] = ((images * batch, crops, 3, 384, 384), torch.bfloat16)
         elif name == "smolvlm-256m":  # NOTE [ Real bookkeeping tensors ]: Idefics3 reads its pixels
             tiles = _smol_tiles(h, w) * images
             real["pixel_values"] = torch.ones((batch, tiles, 3, 512, 512), dtype=torch.bfloat16)
@@ -475,7 +524,7 @@ def shape_record(name: str, shape: tuple[int, int, int, int, int], config: Any |
     """The shape fields of one point: image_tokens and text_tokens are per sample."""
     batch, images, h, w, text = shape
     config = config if config is not None else build_config(name)
-    per = image_tokens_per_image(name, config, h, w) if images else 0
+    per = image_tokens_per_image(name, config, h, w, images) if images else 0
     return {
         "batch": batch,
         "images": images,

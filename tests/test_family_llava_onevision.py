@@ -9,8 +9,10 @@ The image processor itself is run on a few sizes for its crop counts.
 
 from __future__ import annotations
 
+import json
 import types
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,10 +21,11 @@ import torch
 import transformers
 from transformers.models.llava_onevision.modeling_llava_onevision import LlavaOnevisionModel
 
+from tests.test_cli_errors import cli
 from tests.test_families import GRID, _mismatches
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.hf_model import staged_from_config
-from tokenbucket.cost.staged import Sample, StagedCostModel
+from tokenbucket.cost.staged import ERROR_BAND, Sample, StagedCostModel
 from tokenbucket.models import family
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models.llava_onevision import ONEVISION_PINPOINTS
@@ -49,6 +52,7 @@ PUBLISHED_05B = {
                       "intermediate_size": 4304, "num_attention_heads": 16, "num_hidden_layers": 26,
                       "patch_size": 14, "vision_use_head": False},
 }  # fmt: skip
+SAMPLE_384 = json.dumps({"images": 1, "height": 384, "width": 384, "text_tokens": 16})
 
 
 def _processor(config: dict[str, Any]) -> Any:
@@ -144,3 +148,20 @@ def test_llava_onevision_bad_keys_are_refused_in_one_line(key: str, value: Any, 
     assert message in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(ConfigError, match="images should be a positive integer, but got images=0"):
         vision_inputs(HFConfig("<ov>", {"model_type": "llava_onevision"}), 480, 640, images=0)
+
+
+@pytest.mark.slow
+def test_llava_onevision_cli_cost_agrees_with_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the published 0.5B at its smallest honest sample: a lone 384 px image (the base image and one
+    # crop through the tower, 1,485 LLM tokens); frozen tower: its backward does not run (time)
+    (tmp_path / "config.json").write_text(json.dumps(PUBLISHED_05B))
+    argv = ["--hf-config", str(tmp_path), "--sample", SAMPLE_384, "--train", "frozen-vision", "--batch", "1", "--json"]
+    code, out, err = cli(capsys, "cost", *argv)
+    assert code == 0, err
+    cost = json.loads(out)
+    code, out, err = cli(capsys, "profile", *argv)
+    assert code == 0, err
+    run = json.loads(out)
+    assert run["seq_len"] == cost["seq_len"] == 1485 + 16 and run["predicted_peak_bytes"] == cost["peak_bytes"]
+    err_percent = 100.0 * (cost["peak_bytes"] - run["measured_peak_bytes"]) / run["measured_peak_bytes"]
+    assert ERROR_BAND[0] <= err_percent <= ERROR_BAND[1] and run["within_band"]

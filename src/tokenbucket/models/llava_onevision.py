@@ -81,7 +81,13 @@ class LlavaOnevision(Family):
 
     def image_rule(self, cfg: HFConfig) -> dict[str, Any]:
         side, patch = self.vision_int(cfg, "image_size"), self.vision_int(cfg, "patch_size")
-        pins = pinpoints(cfg) if cfg.config.get("image_grid_pinpoints") else ONEVISION_PINPOINTS
+        raw = cfg.config.get("image_grid_pinpoints")
+        if raw is not None and (not isinstance(raw, list) or not raw):
+            raise ConfigError(
+                f"config.json {cfg.path!r}: key 'image_grid_pinpoints' should be a list of [h, w] pairs of "
+                f"positive integers, but got {raw!r:.80}"
+            )
+        pins = ONEVISION_PINPOINTS if raw is None else pinpoints(cfg)
         # the processor takes the class token off the total, not off each crop (SigLIP has none)
         strategy = cfg.get(cfg.config, "", "vision_feature_select_strategy", "full", str)
         if strategy not in ("default", "full"):

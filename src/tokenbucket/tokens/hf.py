@@ -74,6 +74,8 @@ def token_spec_from_hf(path: str | Path | HFConfig) -> TokenSpec:
 # - LLaVA-NeXT: the base grid plus the best any-resolution grid, unpadded back to the image's
 #   aspect ratio, with one newline token per row.
 # - Idefics3 / SmolVLM: tiles plus a global tile (NOTE [ Idefics3 tiles ]).
+# - LLaVA-OneVision: LLaVA-NeXT's grids, scaled down past anyres_max_N; a sample of several
+#   images is not tiled (NOTE [ LLaVA-OneVision image tokens ]); its spec carries its rule too.
 # The last two depend on the aspect ratio in ways no native TokenSpec rule expresses: their
 # specs carry the family's rule itself (resize="model").
 
