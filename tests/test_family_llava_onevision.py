@@ -104,7 +104,7 @@ def test_llava_onevision_counts_equal_the_model_packing(name: str) -> None:
         feats = [torch.zeros((vi.tower_images, vi.patches_per_image, 1))]
         _, lens = LlavaOnevisionModel.pack_image_features(
             model, feats, torch.tensor([[h, w]]), torch.zeros(1), config.get("vision_aspect_ratio", "anyres_max_9")
-        )  # type: ignore[arg-type]
+        )
         got.append(vi.llm_tokens)
         want.append(int(lens[0]))
     assert got == want
@@ -134,6 +134,27 @@ def test_llava_onevision_worst_image_and_staged_model() -> None:
     one = cost.memory(1, Sample(images=1, height=480, width=640, text_tokens=64))
     two = cost.memory(1, Sample(images=2, height=480, width=640, text_tokens=64))
     assert one.seq_len == 2929 + 64 and two.seq_len == 2 * 730 + 64
+
+
+def test_llava_onevision_measured_inputs_of_a_sample_of_several_images() -> None:
+    # a tiny model: three untiled images a sample (the pixels one crop each, batch_num_images real)
+    tiny = {
+        "model_type": "llava_onevision", "image_grid_pinpoints": [[28, 28], [28, 56], [56, 28], [56, 56]],
+        "image_token_index": 900, "video_token_index": 901,
+        "text_config": {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000},
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                          "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+                          "vision_use_head": False},
+    }  # fmt: skip
+    from tokenbucket.cost.hf_profile import hf_inputs, profile_hf, transformers_config
+
+    cfg = HFConfig("<tiny>", tiny)
+    sample = Sample(images=3, height=40, width=56, text_tokens=8)
+    real, fake = hf_inputs(cfg, transformers_config(cfg)[0], sample, 2, torch.bfloat16)
+    assert fake["pixel_values"][0] == (6, 1, 3, 28, 28) and real["batch_num_images"].tolist() == [3, 3]
+    run = profile_hf(cfg, sample, batch=2)
+    assert run.seq_len == StagedCostModel(staged_from_config(cfg), config=cfg).memory(2, sample).seq_len == 3 * 5 + 8
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
