@@ -130,6 +130,8 @@ def test_llava_onevision_worst_image_and_staged_model() -> None:
     model = staged_from_config(cfg)
     assert model.params == 893_675_552  # transformers' own count: tests/test_hf_config.py
     assert model.vision[0].unused_layers == 0 and not model.vision[0].post_norm_used
+    bare = staged_from_config(HFConfig("<bare>", {"model_type": "llava_onevision"}))  # transformers' defaults
+    assert bare.vision[0].unused_layers == 0 and bare.vision[0].layers == 26 and not bare.vision[0].pooling_head
     cost = StagedCostModel(model, config=cfg)
     one = cost.memory(1, Sample(images=1, height=480, width=640, text_tokens=64))
     two = cost.memory(1, Sample(images=2, height=480, width=640, text_tokens=64))

@@ -132,6 +132,8 @@ class LlavaOnevision(Family):
         return size
 
     def vision_towers(self, cfg: HFConfig) -> tuple[VisionTower, ...]:
+        if "vision_feature_layer" not in cfg.config:  # LlavaOnevisionConfig's default: the last block
+            cfg = HFConfig(cfg.path, {**cfg.config, "vision_feature_layer": -1}, cfg.preprocessor)
         table, where = self.vision_section(cfg)
         return (vit_tower(cfg, table, where, self.vision_types[str(table["model_type"])], reads_hidden=True),)
 
