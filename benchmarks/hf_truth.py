@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -230,6 +231,38 @@ def _build_config(name: str) -> transformers.PretrainedConfig:
             },
             tie_word_embeddings=True,
         )
+    if name == "qwen3-vl-2b":  # Qwen/Qwen3-VL-2B-Instruct
+        return transformers.Qwen3VLConfig(
+            text_config={
+                "hidden_size": 2048,
+                "intermediate_size": 6144,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "vocab_size": 151936,
+                "max_position_embeddings": 262144,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 5000000.0,
+                    "mrope_section": [24, 20, 20],
+                    "mrope_interleaved": True,
+                },
+            },
+            vision_config={
+                "depth": 24,
+                "hidden_size": 1024,
+                "intermediate_size": 4096,
+                "num_heads": 16,
+                "out_hidden_size": 2048,
+                "num_position_embeddings": 2304,
+                "deepstack_visual_indexes": [5, 11, 17],
+                "patch_size": 16,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+            },
+            tie_word_embeddings=True,
+        )
     if name == "llava-1.5-7b":
         return transformers.LlavaConfig(
             vision_config=_clip_l336(),
@@ -321,6 +354,7 @@ ARCH_TYPES: dict[str, str] = {
     "gemma-2-2b": "gemma2",
     "qwen2-vl-2b": "qwen2_vl",
     "qwen2.5-vl-3b": "qwen2_5_vl",
+    "qwen3-vl-2b": "qwen3_vl",
     "llava-1.5-7b": "llava",
     "paligemma-3b": "paligemma",
     "llava-next-qwen2-0.5b": "llava_next",
@@ -337,6 +371,7 @@ SHAPES: dict[str, list[tuple[int, int, int, int, int]]] = {
     "gemma-2-2b": [(1, 0, 0, 0, 256), (2, 0, 0, 0, 1024), (1, 0, 0, 0, 8192)],
     "qwen2-vl-2b": [(1, 1, 224, 224, 256), (2, 4, 448, 448, 1024), (1, 13, 448, 672, 2048), (1, 2, 896, 896, 8192)],
     "qwen2.5-vl-3b": [(1, 1, 224, 224, 256), (2, 4, 448, 448, 1024), (1, 2, 896, 896, 4096)],
+    "qwen3-vl-2b": [(1, 1, 256, 256, 256), (2, 4, 512, 512, 1024), (1, 2, 1024, 1024, 4096)],
     "llava-1.5-7b": [(1, 1, 336, 336, 256), (2, 1, 336, 336, 1024), (1, 4, 336, 336, 2048)],
     "paligemma-3b": [(1, 1, 224, 224, 256), (2, 1, 224, 224, 1024), (1, 4, 224, 224, 2048)],
     "llava-next-qwen2-0.5b": [(1, 1, 336, 336, 256), (2, 1, 672, 672, 1024), (1, 2, 336, 1008, 2048)],
@@ -383,6 +418,20 @@ def _qwen_grid(h: int, w: int) -> tuple[int, int]:
     if hb * wb > max_pixels or hb * wb < min_pixels:
         raise ValueError(f"image {h}x{w} outside the Qwen2-VL pixel range")
     return hb // 14, wb // 14
+
+
+def _qwen3_grid(h: int, w: int) -> tuple[int, int]:
+    """Qwen3-VL's patch grid (rows, cols): Qwen2VLImageProcessor's smart_resize at 16-px patches (factor 32)
+    under the published size {shortest_edge: 65536, longest_edge: 16777216}."""
+    factor, min_pixels, max_pixels = 32, 65536, 16777216
+    hb, wb = max(factor, round(h / factor) * factor), max(factor, round(w / factor) * factor)
+    if hb * wb > max_pixels:
+        beta = (h * w / max_pixels) ** 0.5
+        hb, wb = max(factor, math.floor(h / beta / factor) * factor), max(factor, math.floor(w / beta / factor) * factor)
+    elif hb * wb < min_pixels:
+        beta = (min_pixels / (h * w)) ** 0.5
+        hb, wb = math.ceil(h * beta / factor) * factor, math.ceil(w * beta / factor) * factor
+    return hb // 16, wb // 16
 
 
 def _next_patches(config: Any, h: int, w: int) -> tuple[int, tuple[int, int]]:
@@ -440,6 +489,9 @@ def image_tokens_per_image(name: str, config: Any, h: int, w: int, images: int =
     if name in ("qwen2-vl-2b", "qwen2.5-vl-3b"):
         gh, gw = _qwen_grid(h, w)
         return gh * gw // 4
+    if name == "qwen3-vl-2b":
+        gh, gw = _qwen3_grid(h, w)
+        return gh * gw // 4
     if name == "llava-1.5-7b":
         return (config.vision_config.image_size // config.vision_config.patch_size) ** 2
     if name == "paligemma-3b":
@@ -480,8 +532,9 @@ def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[st
     real: dict[str, Any] = {}
     fake: dict[str, Any] = {}
     ids = torch.full((batch, length), 100, dtype=torch.long)
-    if name in ("qwen2-vl-2b", "qwen2.5-vl-3b"):
-        gh, gw = _qwen_grid(h, w)
+    if name in ("qwen2-vl-2b", "qwen2.5-vl-3b", "qwen3-vl-2b"):
+        gh, gw = _qwen3_grid(h, w) if name == "qwen3-vl-2b" else _qwen_grid(h, w)
+        patch = 16 if name == "qwen3-vl-2b" else 14
         per = gh * gw // 4
         row: list[int] = []
         for _ in range(images):
@@ -490,7 +543,7 @@ def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[st
         grid = torch.tensor([[1, gh, gw]] * (images * batch), dtype=torch.long)
         pos = qwen_rope_positions(config.model_type, config, ids, config.image_token_id, grid)
         real.update(image_grid_thw=grid, position_ids=pos)
-        fake["pixel_values"] = ((images * batch * gh * gw, 3 * 2 * 14 * 14), torch.bfloat16)
+        fake["pixel_values"] = ((images * batch * gh * gw, 3 * 2 * patch * patch), torch.bfloat16)
     elif images:
         token = config.image_token_id if hasattr(config, "image_token_id") else config.image_token_index
         ids[:, :n_img] = token

@@ -3,7 +3,8 @@
 Plumbing of :mod:`tokenbucket.cost.hf_profile` (its NOTE [ Real bookkeeping tensors ] and NOTE
 [ Root-only peak stats ]): ops on real bookkeeping tensors run for real, the trackers keep the
 root module's peaks only, frozen parameters get no grad hooks, peft's device moves are no-ops,
-transformers' value checks are off, Qwen2.5-VL's window index is built on the host, and the
+transformers' value checks are off, Qwen2.5-VL's window index is built on the host, Qwen3-VL's
+DeepStack adds its features by index (NOTE [ DeepStack on fake tensors ]), and the
 packed-sequence check answers as it does on real position ids (NOTE [ Unpacked rows ]).
 """
 
@@ -22,8 +23,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers import masking_utils
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+from transformers.models.qwen3_vl import modeling_qwen3_vl
 
 __all__ = [
+    "deepstack_by_index",
     "host_window_index",
 ]
 
@@ -148,3 +151,32 @@ def _unpacked_rows() -> Iterator[None]:
         yield
     finally:
         masking_utils.find_packed_sequence_indices = orig
+
+
+@contextlib.contextmanager
+def deepstack_by_index() -> Iterator[None]:
+    """NOTE [ DeepStack on fake tensors ]: Qwen3-VL's DeepStack adds each merger's features to the
+    image positions of the first decoder layers' output, selected by a boolean mask made from
+    ``input_ids`` (``hidden[mask, :] += features``). A fake mask has no values, so the selection
+    (a data-dependent ``nonzero``) cannot run; the same step is run with an index of the image
+    positions' count instead, the number of feature rows. The tensors are the same as on a GPU:
+    the clone of the hidden states, the gathered rows, their sum and the in-place scatter (which
+    rows they are does not change the bytes); the int64 index is one tensor where the mask's
+    nonzero makes two (batch, position), a few bytes per image token."""
+    cls = modeling_qwen3_vl.Qwen3VLTextModel
+    orig = cls._deepstack_process
+
+    def by_index(self: Any, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, visual_embeds: torch.Tensor) -> Any:
+        if not isinstance(visual_pos_masks, FakeTensor):
+            return orig(self, hidden_states, visual_pos_masks, visual_embeds)
+        visual_embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)
+        flat = hidden_states.clone().view(-1, hidden_states.shape[-1])
+        index = torch.arange(visual_embeds.shape[0], device=hidden_states.device)
+        flat[index, :] = flat[index, :] + visual_embeds
+        return flat.view(hidden_states.shape)
+
+    cls._deepstack_process = by_index  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cls._deepstack_process = orig  # type: ignore[method-assign]

@@ -26,7 +26,7 @@ from tokenbucket.models._hf_json import HFConfig, read_hf_config
 from tokenbucket.models._stages import Projector, VisionTower, linear_params
 from tokenbucket.models.paligemma import PALIGEMMA_TEXT
 
-__all__ = ["STAGED_PRESETS", "ActionExpert", "Projector", "StagedModel", "VisionTower", "load_hf_config"]
+__all__ = ["QK_NORM_TEXT_TYPES", "STAGED_PRESETS", "ActionExpert", "Projector", "StagedModel", "VisionTower", "load_hf_config"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +75,8 @@ class StagedModel:
     ``backbone`` is the block stack the cost model prices (``extra_params=0``); ``head_dim``,
     ``attn_bias`` and ``norms_per_layer`` make the backbone's count exact where ModelSpec's
     generic block differs (Gemma's head_dim, Qwen2's q/k/v bias, RMSNorm; Gemma 2's four
-    norms a layer). ``logit_softcap``: the logits pass through ``tanh(x / cap) * cap`` before
+    norms a layer), ``qk_norm`` its per-head RMSNorm on q and k (Qwen3: ``QK_NORM_TEXT_TYPES``).
+    ``logit_softcap``: the logits pass through ``tanh(x / cap) * cap`` before
     the loss (Gemma 2's ``final_logit_softcapping``).
     """
 
@@ -92,6 +93,7 @@ class StagedModel:
     logit_softcap: bool = False
     action_expert: ActionExpert | None = None
     use_cache: bool = True
+    qk_norm: bool = False
 
     def params_by_stage(self) -> dict[str, int]:
         """Parameters per stage: embedding, vision, projector, backbone (blocks + final norm), head."""
@@ -100,7 +102,7 @@ class StagedModel:
             "embedding": self.vocab * d,
             "vision": sum(t.params for t in self.vision),
             "projector": self.projector.params if self.projector else 0,
-            "backbone": _decoder_block_params(self.backbone, self.head_dim, self.attn_bias, self.norms_per_layer) + d,
+            "backbone": self.decoder_layer_params * self.backbone.layers + d,
             "head": 0 if self.tied_embeddings else self.vocab * d,
         }
         if self.action_expert is not None:
@@ -115,7 +117,8 @@ class StagedModel:
     def decoder_layer_params(self) -> int:
         """Parameters of one backbone layer (exact, unlike ``backbone.layer_params``)."""
         spec = self.backbone
-        return _decoder_block_params(spec, self.head_dim, self.attn_bias, self.norms_per_layer) // spec.layers
+        qk = 2 * self.head_dim if self.qk_norm else 0
+        return _decoder_block_params(spec, self.head_dim, self.attn_bias, self.norms_per_layer) // spec.layers + qk
 
     @classmethod
     def preset(cls, name: str) -> StagedModel:
@@ -127,6 +130,9 @@ class StagedModel:
 
 # -- reading config.json ---------------------------------------------------------------------
 
+
+# text model_types whose attention normalises q and k per head (an RMSNorm of head_dim each)
+QK_NORM_TEXT_TYPES: frozenset[str] = frozenset({"qwen3_vl_text"})
 
 # text defaults per decoder model_type (transformers' config classes)
 _TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -140,6 +146,9 @@ _TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
               "num_attention_heads": 16, "head_dim": 256, "tie_word_embeddings": True},
     "gemma2": {"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "tie_word_embeddings": True},
+    "qwen3_vl_text": {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+                      "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+                      "tie_word_embeddings": False, "attention_bias": False},
 }  # fmt: skip
 
 
@@ -184,9 +193,9 @@ def _backbone(cfg: HFConfig) -> tuple[ModelSpec, int, int, bool, str, int]:
     head_dim = num("head_dim", hidden // heads) if tt != "qwen2_vl" and tt != "qwen2" else hidden // heads
     ffn = num("intermediate_size")
     tie = bool(cfg.get(table, where, "tie_word_embeddings", defaults["tie_word_embeddings"], bool))
-    if tt == "llama":
+    if tt in ("llama", "qwen3_vl_text"):
         bias = "all" if cfg.get(table, where, "attention_bias", False, bool) else "none"
-        if cfg.get(table, where, "mlp_bias", False, bool):
+        if tt == "llama" and cfg.get(table, where, "mlp_bias", False, bool):
             raise ConfigError(
                 f"config.json {cfg.path!r}: key {where + '.' if where else ''}mlp_bias=true is not supported"
             )
@@ -224,6 +233,7 @@ def staged_from_config(cfg: HFConfig, name: str | None = None) -> StagedModel:
         name=name or str(cfg.config.get("_name_or_path") or mt), model_type=mt, vision=vision, projector=projector,
         backbone=spec, vocab=vocab, tied_embeddings=tie, head_dim=head_dim, attn_bias=bias,  # type: ignore[arg-type]
         norms_per_layer=norms, logit_softcap=_logit_softcap(cfg), use_cache=_use_cache(cfg),
+        qk_norm=_text_table(cfg)[2] in QK_NORM_TEXT_TYPES,
     )  # fmt: skip
 
 

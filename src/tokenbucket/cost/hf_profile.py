@@ -84,6 +84,7 @@ from tokenbucket.cost._fake_step import (
     _root_only_peaks,
     _skip_frozen_hooks,
     _unpacked_rows,
+    deepstack_by_index,
     host_window_index,
 )
 from tokenbucket.cost._kernels import KERNELS, attention_kernels
@@ -101,6 +102,8 @@ InputSpecs = dict[str, tuple[tuple[int, ...], torch.dtype]]
 LOOPS = tuple(sorted(SETUP_LOOPS))  # the loops TrainSetup prices, each measurable
 # the precisions profile_hf builds in (NOTE [ The build dtype ]); amp would need autocast in the step
 BUILD_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# a tower's projector parts, trained in frozen-vision: Qwen2-VL's merger, Qwen3-VL's DeepStack mergers too
+PROJECTOR_PREFIXES = ("merger.", "deepstack_merger_list.")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # model_type -> (transformers class, the vision tower's attribute under ``model.model``), every family's
 HF_CLASSES: dict[str, tuple[str, str | None]] = {
@@ -131,9 +134,10 @@ def apply_training(
     if train == "frozen-vision" and vision is not None:
         tower = getattr(model.model, vision)
         for sub_name, p in tower.named_parameters():
-            if not sub_name.startswith("merger."):  # Qwen2-VL's projector stays trainable
+            if not sub_name.startswith(PROJECTOR_PREFIXES):  # Qwen2-VL's projector stays trainable
                 p.requires_grad_(False)
-        frozen = [f"model.{vision}" + (" (except merger)" if hasattr(tower, "merger") else "")]
+        kept = [prefix.rstrip(".") for prefix in PROJECTOR_PREFIXES if hasattr(tower, prefix.rstrip("."))]
+        frozen = [f"model.{vision}" + (f" (except {', '.join(kept)})" if kept else "")]
     if train == "lora":
         import peft  # optional: only LoRA needs peft (pip install 'tokenbucket[peft]')
 
@@ -401,7 +405,7 @@ def measure_step(
         ``phase_peaks``, ``frozen``, ``params_total`` and ``params_trainable`` (whole model).
     """
     shape = StepShape() if shape is None else shape
-    with warnings.catch_warnings(), host_window_index(), _no_torch_checks(), _unpacked_rows():
+    with warnings.catch_warnings(), host_window_index(), deepstack_by_index(), _no_torch_checks(), _unpacked_rows():
         warnings.simplefilter("ignore")
         with attention_kernels(shape.kernels):
             if sharding == "fsdp":

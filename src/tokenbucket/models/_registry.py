@@ -20,4 +20,5 @@ MODULES: dict[str, str] = {
     "paligemma": "paligemma",
     "qwen2_vl": "qwen2_vl",
     "qwen2_5_vl": "qwen2_vl",
+    "qwen3_vl": "qwen3_vl",
 }

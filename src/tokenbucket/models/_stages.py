@@ -75,6 +75,7 @@ class VisionTower:
     pooling_head: bool = False
     unused_layers: int = 0
     post_norm_used: bool = True
+    position_rows: int = 0
 
     @property
     def tokens_per_image(self) -> int | None:
@@ -98,6 +99,7 @@ class VisionTower:
                 raise AssertionError("learned positions need a fixed image size")
             total += ((self.image_size // self.patch) ** 2 + int(self.class_token and self.class_position)) * d
         total += (int(self.class_token) + self.register_tokens) * d
+        total += self.position_rows * d  # a learned table interpolated to each image's grid (Qwen3-VL)
         total += norm_params(self.norm, d) * (int(self.pre_norm) + int(self.post_norm))
         return total + self.head_params
 
@@ -131,12 +133,23 @@ class Projector:
     norm: Norm | None = None
     norm_dim: int = 0
     extra_params: int = 0
+    deepstack: int = 0
 
     @property
     def params(self) -> int:
         dims = (self.in_dim, *self.hidden_dims, self.out_dim)
-        total = sum(linear_params(a, b, self.bias) for a, b in itertools.pairwise(dims))
-        return total + (norm_params(self.norm, self.norm_dim) if self.norm else 0) + self.extra_params
+        layers = sum(linear_params(a, b, self.bias) for a, b in itertools.pairwise(dims))
+        total = layers + (norm_params(self.norm, self.norm_dim) if self.norm else 0) + self.extra_params
+        return total + self.deepstack_params(layers)
+
+    def deepstack_params(self, layers: int | None = None) -> int:
+        """Qwen3-VL's DeepStack mergers: copies of the linear layers, each normalising its folded input."""
+        if not self.deepstack:
+            return 0
+        if layers is None:
+            dims = (self.in_dim, *self.hidden_dims, self.out_dim)
+            layers = sum(linear_params(a, b, self.bias) for a, b in itertools.pairwise(dims))
+        return self.deepstack * (layers + norm_params(self.norm or "layernorm", self.in_dim))
 
 
 def vit_tower(

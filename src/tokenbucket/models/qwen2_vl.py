@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
@@ -64,13 +64,15 @@ class Qwen2VL(Family):
     vision_types = _TOWERS
     absent_vision = {"qwen2_vl": {"model_type": "qwen2_vl_vision"}, "qwen2_5_vl": {"model_type": "qwen2_5_vl_vision"}}
     flat_text = True
+    # (min_pixels, max_pixels) when preprocessor_config.json sets neither
+    default_pixels: ClassVar[tuple[int, int]] = QWEN2_VL_PIXELS
 
     def pixels(self, cfg: HFConfig) -> tuple[int, int]:
-        """(min_pixels, max_pixels): the preprocessor's, or ``size``'s, or the processor's defaults."""
+        """(min_pixels, max_pixels): the preprocessor's, or ``size``'s, or ``default_pixels``."""
         pre, size = cfg.preprocessor, cfg.preprocessor.get("size")
         size = size if isinstance(size, dict) else {}
-        lo = pre.get("min_pixels", size.get("shortest_edge", size.get("min_pixels", QWEN2_VL_PIXELS[0])))
-        hi = pre.get("max_pixels", size.get("longest_edge", size.get("max_pixels", QWEN2_VL_PIXELS[1])))
+        lo = pre.get("min_pixels", size.get("shortest_edge", size.get("min_pixels", self.default_pixels[0])))
+        hi = pre.get("max_pixels", size.get("longest_edge", size.get("max_pixels", self.default_pixels[1])))
         out: list[int] = []
         for key, value in (("min_pixels", lo), ("max_pixels", hi)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
