@@ -93,16 +93,29 @@ def decoder_layer_saved(model: StagedModel, *, norm_trains: bool, lora_rank: int
     # Gemma 2's post-attention and post-MLP norms: their fp32 input and rsqrt, and with a trained
     # weight the normalised fp32 output; their bf16 output goes straight into the residual add
     post = (model.norms_per_layer - 2) * (FP32 * d + 4 + (FP32 * d if norm_trains else 0))
-    return first_norm + norm + attn + mlp + lora + post + (16 if gemma else 0) + (BF16 * seq_len if masked else 0)
+    qk = qk_norm_saved(model, norm_trains=norm_trains) if model.qk_norm else 0
+    return first_norm + norm + attn + mlp + lora + post + qk + (16 if gemma else 0) + (BF16 * seq_len if masked else 0)
+
+
+def qk_norm_saved(model: StagedModel, *, norm_trains: bool) -> int:
+    """Bytes per token the per-head q/k RMSNorms keep (Qwen3): each upcasts, keeping its fp32
+    input and one fp32 rsqrt per head, and with a trained weight the normalised bf16 too; the
+    projections' bf16 outputs are not kept."""
+    spec = model.backbone
+    heads = spec.heads + int(spec.kv_heads or spec.heads)
+    width = heads * model.head_dim
+    return FP32 * width + FP32 * heads + (BF16 * width if norm_trains else 0)
 
 
 def vision_layer_saved(tower: VisionTower) -> int:
     """Bytes per token one vision block keeps (NOTE [ What an HF block saves ])."""
     d, f, h = tower.hidden, tower.ffn, tower.heads
-    if tower.name.startswith("qwen2"):
+    if tower.name.startswith(("qwen2", "qwen3")):
         norms = (2 * (FP32 * d + 4 + 2 * BF16 * d)) if tower.norm == "rmsnorm" else 2 * (2 * BF16 * d + 4)
         attn = 14 * d + FP32 * h  # qkv storage 6D, roped q/k 4D, sdpa outputs and their cat 4D
         mlp = 4 * BF16 * f if tower.gated_mlp else 3 * BF16 * f
+        if tower.name.startswith("qwen3"):  # GELU-tanh: fc1's output and GELU's
+            mlp = 2 * BF16 * f
         return norms + attn + mlp
     act = 3 * BF16 * f if tower.name.startswith("clip") else 2 * BF16 * f
     return 2 * (2 * BF16 * d + 4) + 4 * BF16 * d + FP32 * h + act
@@ -146,7 +159,9 @@ def _vision_units(model: StagedModel, images: int, patches: int, trains: bool) -
     return units
 
 
-def _projector_unit(model: StagedModel, images: int, patches: int, llm_image: int, trains: bool) -> Unit:
+def _projector_unit(
+    model: StagedModel, images: int, patches: int, llm_image: int, trains: bool, tower_trains: bool = False
+) -> Unit:
     proj = model.projector
     if proj is None:
         return Unit("projector", 0, 0, 0)
@@ -154,6 +169,9 @@ def _projector_unit(model: StagedModel, images: int, patches: int, llm_image: in
     n_in = images * patches
     if proj.kind == "patch_merger":  # LayerNorm in and out, fc1 input, GELU input and output
         saved = (8 * dv + 4) * n_in
+        # NOTE [ DeepStack mergers ]: the same again per merger, less its LayerNorm input when
+        # the tower trains (the next block keeps that one)
+        saved += proj.deepstack * ((6 if tower_trains else 8) * dv + 4) * n_in
     elif proj.kind in ("mlp", "fused_mlp"):  # fc1 input, GELU input, fc2 input
         saved = BF16 * dv * n_in + 2 * BF16 * sum(proj.hidden_dims or (proj.out_dim,)) * llm_image
     else:  # one linear: its (pixel-shuffled) input
@@ -204,7 +222,8 @@ def build_units(
         if vision_checkpointing and vision_trains:
             tower = [_checkpointed(u, BF16 * images * patches * model.vision[0].hidden) for u in tower]
         units += tower
-        units.append(_projector_unit(model, images, patches, batch * llm_image_tokens, train != "lora"))
+        units.append(_projector_unit(model, images, patches, batch * llm_image_tokens, train != "lora",
+                                     tower_trains=vision_trains))  # fmt: skip
     layer_p = model.decoder_layer_params
     lora_p = rank * (
         7 * d + 2 * spec.heads * model.head_dim + 2 * int(spec.kv_heads or 1) * model.head_dim + 3 * spec.ffn
