@@ -427,7 +427,10 @@ def _qwen3_grid(h: int, w: int) -> tuple[int, int]:
     hb, wb = max(factor, round(h / factor) * factor), max(factor, round(w / factor) * factor)
     if hb * wb > max_pixels:
         beta = (h * w / max_pixels) ** 0.5
-        hb, wb = max(factor, math.floor(h / beta / factor) * factor), max(factor, math.floor(w / beta / factor) * factor)
+        hb, wb = (
+            max(factor, math.floor(h / beta / factor) * factor),
+            max(factor, math.floor(w / beta / factor) * factor),
+        )
     elif hb * wb < min_pixels:
         beta = (min_pixels / (h * w)) ** 0.5
         hb, wb = math.ceil(h * beta / factor) * factor, math.ceil(w * beta / factor) * factor

@@ -90,7 +90,7 @@ def test_qwen3_vl_reads_the_published_pixels_and_refuses_bad_keys() -> None:
     bad = _config({"deepstack_visual_indexes": [5, 30]})
     with pytest.raises(ConfigError, match=r"vision_config\.deepstack_visual_indexes should be a list of block"):
         staged_from_config(HFConfig("<q3>", bad))
-    with pytest.raises(ConfigError, match="vision_config.model_type 'siglip' is not supported"):
+    with pytest.raises(ConfigError, match=r"vision_config\.model_type 'siglip' is not supported"):
         staged_from_config(HFConfig("<q3>", _config({"model_type": "siglip"})))
 
 

@@ -31,6 +31,12 @@ REAL: dict[str, tuple[str, dict[str, Any]]] = {
         "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
                           "out_hidden_size": 2048},
         "tie_word_embeddings": True}),
+    "qwen3_vl": ("Qwen3VLConfig", {  # Qwen/Qwen3-VL-2B-Instruct
+        "text_config": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+                        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936},
+        "vision_config": {"depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16,
+                          "out_hidden_size": 2048, "deepstack_visual_indexes": [5, 11, 17]},
+        "tie_word_embeddings": True}),
     "llava": ("LlavaConfig", {"text_config": {"model_type": "llama", "vocab_size": 32064}}),  # llava-1.5-7b-hf
     "llava_next": ("LlavaNextConfig", {  # llava-v1.6-mistral-7b-hf shapes on a Llama config
         "text_config": {"model_type": "llama", "vocab_size": 32064, "num_key_value_heads": 8,

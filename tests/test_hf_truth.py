@@ -72,6 +72,9 @@ def test_hf_truth_image_tokens_match_processors() -> None:
     assert hf_truth.shape_record("qwen2-vl-2b", (1, 2, 224, 224, 10))["image_tokens"] == 128
     assert hf_truth.shape_record("llava-1.5-7b", (1, 1, 336, 336, 10))["image_tokens"] == 576
     assert hf_truth.shape_record("paligemma-3b", (1, 4, 224, 224, 10))["image_tokens"] == 1024
+    # Qwen3-VL: 16-px patches merged 2x2, at least 65,536 pixels (224 px is upscaled to 256)
+    assert hf_truth.shape_record("qwen3-vl-2b", (1, 1, 512, 512, 10))["image_tokens"] == 256
+    assert hf_truth.shape_record("qwen3-vl-2b", (1, 1, 224, 224, 10))["image_tokens"] == 64
     real, _ = hf_truth._real_inputs(
         "qwen2-vl-2b", hf_truth.build_config("qwen2-vl-2b"), hf_truth.shape_record("qwen2-vl-2b", (2, 2, 448, 448, 64))
     )

@@ -166,7 +166,9 @@ def deepstack_by_index() -> Iterator[None]:
     cls = modeling_qwen3_vl.Qwen3VLTextModel
     orig = cls._deepstack_process
 
-    def by_index(self: Any, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, visual_embeds: torch.Tensor) -> Any:
+    def by_index(
+        self: Any, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, visual_embeds: torch.Tensor
+    ) -> Any:
         if not isinstance(visual_pos_masks, FakeTensor):
             return orig(self, hidden_states, visual_pos_masks, visual_embeds)
         visual_embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)

@@ -73,6 +73,16 @@ class Unit:
 # Checked: Qwen2-0.5B layer 57,408 B/token (exact), Gemma-2B 181,304 (+16), CLIP-L 41,032,
 # Qwen2-VL block 58,952.
 
+# NOTE [ DeepStack mergers ]
+# Qwen3-VL's tower runs one more patch merger after each block in ``deepstack_visual_indexes``
+# (a LayerNorm over the 2x2-folded features, fc1, GELU, fc2) and adds its output to the image
+# positions of decoder layer 0, 1, 2, ... (NOTE [ DeepStack on fake tensors ] in
+# ``tokenbucket.cost._fake_step``). Each keeps what the main merger keeps, except that a
+# training tower's next block already keeps the LayerNorm's input (2D per patch). They are the
+# projector's: they train with it, also under a frozen tower (transformers' frozen-vision setup
+# here keeps ``merger`` and ``deepstack_merger_list`` trainable). The add into the hidden states
+# keeps nothing. Measured on Qwen3-VL-2B (benchmarks/hf_truth.py): every point within 0.7 %.
+
 PREFIX_LM = ("paligemma", "pi0")  # text attention under an explicit prefix-LM mask
 
 

@@ -300,7 +300,7 @@ class StagedCostModel:
 
 def _config_of(model: StagedModel) -> HFConfig | None:
     """A preset's config for the image mapping (only dynamic-resolution towers need one)."""
-    if model.model_type in ("qwen2_vl", "qwen2_5_vl"):
+    if model.model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
         tower = model.vision[0]
         vision = {"patch_size": tower.patch, "spatial_merge_size": tower.merge,
                   "temporal_patch_size": tower.temporal_patch}  # fmt: skip

@@ -49,7 +49,9 @@ class VisionTower:
     ``vision_feature_layer=-2`` skips the last one) and ``post_norm_used`` says whether the final
     norm feeds the projector (CLIP's only normalises the pooled class token); a VLM never reads
     SigLIP's ``pooling_head``. All three still run, but get no gradient (NOTE [ Tower blocks
-    past the feature layer ] in ``_stage_units``).
+    past the feature layer ] in ``_stage_units``). ``position_rows`` is a learned position table
+    of that many rows that a dynamic-resolution tower interpolates to each image's grid (Qwen3-VL's
+    ``num_position_embeddings``; ``learned_positions`` is the fixed-size tower's own table).
     """
 
     name: str
@@ -122,6 +124,9 @@ class Projector:
 
     ``merge`` is the spatial fold it applies before the first layer (Qwen2-VL's PatchMerger folds
     2x2, so ``in_dim = 4 x vision hidden``; Idefics3's pixel shuffle folds ``scale_factor``²).
+    ``deepstack`` more copies of its linear layers read intermediate tower blocks, each with a
+    LayerNorm over its folded input (Qwen3-VL's DeepStack mergers, NOTE [ DeepStack mergers ] in
+    ``tokenbucket.cost._stage_units``).
     """
 
     kind: str

@@ -57,7 +57,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 class Qwen2VL(Family):
     name = "qwen2_vl"
-    model_types = ("qwen2_vl", "qwen2_5_vl")
+    model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl", "qwen2_5_vl")
     hf_classes = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
     vision_attr = "visual"
     text_type = "qwen2_vl"

@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.models._hf_json import HFConfig
@@ -40,7 +40,7 @@ _TOWERS: dict[str, dict[str, Any]] = {
 
 class Qwen3VL(Qwen2VL):
     name = "qwen3_vl"
-    model_types = ("qwen3_vl",)
+    model_types: ClassVar[tuple[str, ...]] = ("qwen3_vl",)
     hf_classes = {"qwen3_vl": "Qwen3VLForConditionalGeneration"}
     vision_attr = "visual"
     text_type = "qwen3_vl_text"
