@@ -167,8 +167,9 @@ def deepstack_by_index() -> Iterator[None]:
     orig = cls._deepstack_process
 
     def by_index(
-        self: Any, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor, visual_embeds: torch.Tensor
-    ) -> Any:
+        self: modeling_qwen3_vl.Qwen3VLTextModel, hidden_states: torch.Tensor, visual_pos_masks: torch.Tensor,
+        visual_embeds: torch.Tensor,
+    ) -> Any:  # fmt: skip
         if not isinstance(visual_pos_masks, FakeTensor):
             return orig(self, hidden_states, visual_pos_masks, visual_embeds)
         visual_embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)
