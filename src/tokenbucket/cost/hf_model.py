@@ -26,15 +26,7 @@ from tokenbucket.models._hf_json import HFConfig, read_hf_config
 from tokenbucket.models._stages import Projector, VisionTower, linear_params
 from tokenbucket.models.paligemma import PALIGEMMA_TEXT
 
-__all__ = [
-    "QK_NORM_TEXT_TYPES",
-    "STAGED_PRESETS",
-    "ActionExpert",
-    "Projector",
-    "StagedModel",
-    "VisionTower",
-    "load_hf_config",
-]
+__all__ = ["STAGED_PRESETS", "ActionExpert", "Projector", "StagedModel", "VisionTower", "load_hf_config"]
 
 
 @dataclass(frozen=True, kw_only=True)
