@@ -333,6 +333,39 @@ def _build_config(name: str) -> transformers.PretrainedConfig:
             image_token_id=49190,
             tie_word_embeddings=True,
         )
+    if name == "internvl3-1b":  # OpenGVLab/InternVL3-1B-hf: InternViT-300M-448px-V2.5 + Qwen2.5-0.5B
+        return transformers.InternVLConfig(
+            vision_config={
+                "hidden_size": 1024,
+                "intermediate_size": 4096,
+                "num_hidden_layers": 24,
+                "num_attention_heads": 16,
+                "attention_bias": True,
+                "use_qk_norm": False,
+                "norm_type": "layer_norm",
+                "image_size": [448, 448],
+                "patch_size": [14, 14],
+                "layer_scale_init_value": 0.1,
+                "use_mean_pooling": True,
+            },
+            text_config={
+                "model_type": "qwen2",
+                "hidden_size": 896,
+                "intermediate_size": 4864,
+                "num_hidden_layers": 24,
+                "num_attention_heads": 14,
+                "num_key_value_heads": 2,
+                "vocab_size": 151674,
+                "max_position_embeddings": 32768,
+                "rope_theta": 1000000.0,
+                "rms_norm_eps": 1e-6,
+                "tie_word_embeddings": False,
+            },
+            downsample_ratio=0.5,
+            image_token_id=151667,
+            vision_feature_layer=-1,
+            tie_word_embeddings=False,
+        )
     raise KeyError(f"unknown arch {name!r}; one of {', '.join(ARCHS)}")
 
 
@@ -360,6 +393,7 @@ ARCH_TYPES: dict[str, str] = {
     "llava-next-qwen2-0.5b": "llava_next",
     "smolvlm-256m": "idefics3",
     "llava-onevision-0.5b": "llava_onevision",
+    "internvl3-1b": "internvl",
 }
 ARCHS: dict[str, tuple[str, str | None]] = {name: HF_CLASSES[mt] for name, mt in ARCH_TYPES.items()}
 
@@ -378,6 +412,7 @@ SHAPES: dict[str, list[tuple[int, int, int, int, int]]] = {
     "smolvlm-256m": [(1, 1, 512, 512, 256), (2, 1, 1024, 1024, 1024), (1, 4, 896, 896, 2048)],
     # a lone image is tiled (2 and 5 tower passes); four images in a sample are one crop each
     "llava-onevision-0.5b": [(1, 1, 384, 384, 256), (2, 1, 480, 640, 512), (1, 4, 384, 384, 1024)],
+    "internvl3-1b": [(1, 1, 448, 448, 256), (2, 1, 480, 640, 1024), (1, 2, 896, 896, 2048)],
 }
 
 TRAINS = ("full", "frozen-vision", "lora")
@@ -487,6 +522,14 @@ def _onevision_tokens(config: Any, h: int, w: int, images: int) -> int:
     return len(_onevision_processor(config).replace_image_token(inputs, 0)) // len("<image>")
 
 
+def _internvl_tiles(h: int, w: int) -> int:
+    """InternVL 448-px tiles of one image (1 to 12 of them), plus the thumbnail when there are several."""
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
+
+    cols, rows = get_optimal_tiled_canvas((h, w), (448, 448), 1, 12)
+    return cols * rows + (1 if cols * rows > 1 else 0)
+
+
 def image_tokens_per_image(name: str, config: Any, h: int, w: int, images: int = 1) -> int:
     """LLM tokens one of ``images`` images of ``h``×``w`` in a sample becomes (0 for text-only archs)."""
     if name in ("qwen2-vl-2b", "qwen2.5-vl-3b"):
@@ -506,6 +549,8 @@ def image_tokens_per_image(name: str, config: Any, h: int, w: int, images: int =
         return _smol_tiles(h, w) * per_tile
     if name == "llava-onevision-0.5b":
         return _onevision_tokens(config, h, w, images)
+    if name == "internvl3-1b":  # 32 x 32 patches a tile, pixel-shuffled 2 x 2
+        return _internvl_tiles(h, w) * 256
     return 0
 
 
@@ -564,6 +609,8 @@ def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[st
             real["pixel_values"] = torch.ones((batch, tiles, 3, 512, 512), dtype=torch.bfloat16)
             real["pixel_attention_mask"] = torch.ones((batch, tiles, 512, 512), dtype=torch.bool)
             fake["_pixels_held"] = ((batch, tiles, 3, 512, 512), torch.bfloat16)  # their bytes, counted
+        elif name == "internvl3-1b":
+            fake["pixel_values"] = ((_internvl_tiles(h, w) * images * batch, 3, 448, 448), torch.bfloat16)
         else:
             size = config.vision_config.image_size
             fake["pixel_values"] = ((images * batch, 3, size, size), torch.bfloat16)

@@ -128,7 +128,13 @@ def vision_layer_saved(tower: VisionTower) -> int:
             mlp = 2 * BF16 * f
         return norms + attn + mlp
     act = 3 * BF16 * f if tower.name.startswith("clip") else 2 * BF16 * f
-    return 2 * (2 * BF16 * d + 4) + 4 * BF16 * d + FP32 * h + act
+    # an RMSNorm keeps its fp32 input and rsqrt, the normalised bf16 (its weight's gradient) and
+    # its output; a q/k norm the same but its output, which sdpa keeps as q / k; a layer scale
+    # keeps the branch output it multiplies (attention's and the MLP's)
+    norm = FP32 * d + 4 + 2 * BF16 * d if tower.norm == "rmsnorm" else 2 * BF16 * d + 4
+    qk = 2 * (FP32 * d + 4 + BF16 * d) if tower.qk_norm else 0
+    scale = 2 * BF16 * d if tower.layer_scale else 0
+    return 2 * norm + 4 * BF16 * d + FP32 * h + act + qk + scale
 
 
 # NOTE [ Tower blocks past the feature layer ]
@@ -184,6 +190,8 @@ def _projector_unit(
         saved += proj.deepstack * ((6 if tower_trains else 8) * dv + 4) * n_in
     elif proj.kind in ("mlp", "fused_mlp"):  # fc1 input, GELU input, fc2 input
         saved = BF16 * dv * n_in + 2 * BF16 * sum(proj.hidden_dims or (proj.out_dim,)) * llm_image
+        if proj.norm is not None:  # a norm over the folded features first (InternVL): its input, stats, output
+            saved += (2 * BF16 * proj.in_dim + 4) * llm_image - BF16 * dv * n_in + BF16 * proj.in_dim * llm_image
     else:  # one linear: its (pixel-shuffled) input
         saved = BF16 * dv * n_in
     return Unit("projector", proj.params, proj.params if trains else 0, saved if trains else 0,

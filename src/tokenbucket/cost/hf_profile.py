@@ -155,10 +155,11 @@ def apply_training(
 
 
 def _layer_lists(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Decoder layers and vision blocks: the children of every ``layers``/``blocks`` ModuleList."""
+    """Decoder layers and vision blocks: the children of every ``layers``/``blocks``/``layer``
+    ModuleList (``layer``: InternViT's encoder)."""
     out: list[torch.nn.Module] = []
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "blocks"):
+        if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "blocks", "layer"):
             out.extend(module)
     return out
 

@@ -13,6 +13,7 @@ MODULES: dict[str, str] = {
     "llama": "decoders",
     "qwen2": "decoders",
     "idefics3": "idefics3",
+    "internvl": "internvl",
     "smolvlm": "idefics3",
     "llava": "llava",
     "llava_next": "llava_next",

@@ -52,6 +52,10 @@ class VisionTower:
     past the feature layer ] in ``_stage_units``). ``position_rows`` is a learned position table
     of that many rows that a dynamic-resolution tower interpolates to each image's grid (Qwen3-VL's
     ``num_position_embeddings``; ``learned_positions`` is the fixed-size tower's own table).
+
+    ``qkv_bias``: the q/k/v projections carry biases (the output projection always does);
+    ``qk_norm``: q and k pass through an RMSNorm over the full width before the heads split
+    (InternViT-6B's); ``layer_scale``: a learned per-channel scale on each residual branch.
     """
 
     name: str
@@ -71,6 +75,8 @@ class VisionTower:
     learned_positions: bool = True
     class_position: bool = True
     patch_bias: bool = True
+    qkv_bias: bool = True
+    qk_norm: bool = False
     pre_norm: bool = False
     post_norm: bool = True
     layer_scale: bool = False
@@ -89,7 +95,8 @@ class VisionTower:
     def layer_params(self) -> int:
         d, f = self.hidden, self.ffn
         mlp = 3 * d * f + 2 * f + d if self.gated_mlp else 2 * d * f + f + d
-        return 4 * d * d + 4 * d + mlp + 2 * norm_params(self.norm, d) + (2 * d if self.layer_scale else 0)
+        attn = 4 * d * d + (4 * d if self.qkv_bias else d) + (2 * d if self.qk_norm else 0)
+        return attn + mlp + 2 * norm_params(self.norm, d) + (2 * d if self.layer_scale else 0)
 
     @property
     def params(self) -> int:
