@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 import transformers
 
+from tests.test_cli_errors import cli
 from tests.test_families import GRID, _mismatches
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.hf_model import staged_from_config
+from tokenbucket.cost.staged import ERROR_BAND
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.tokens.hf import token_spec_from_hf, vision_inputs
 
@@ -120,7 +122,7 @@ def test_internvl_reads_the_root_tie_and_the_6b_tower_options() -> None:
     [
         ({"downsample_ratio": 0.3}, {}, "key 'downsample_ratio' should be 1 / n for a positive integer n"),
         ({}, {"size": {"height": 448, "width": 896}}, "key 'size' should be a square tile"),
-        ({}, {"max_patches": 0}, "key 'max_patches' should be an integer in [1, 1024], but got 0"),
+        ({}, {"max_patches": 0}, "key 'max_patches' should be an integer in [1, 256], but got 0"),
         ({"vision_config": {"image_size": [448, 224]}}, {}, "'vision_config.image_size' should be a positive integer"),
         ({}, {"size": {"height": 434, "width": 434}}, "a 434-px tile is 31 patches of 14 px a side"),
         ({"vision_config": {"use_mask_token": True}}, {}, "use_mask_token'=true (masked image pre-training)"),
@@ -135,3 +137,25 @@ def test_internvl_bad_config_one_line_error_naming_the_key(
         vision_inputs(tmp_path, 480, 640)
         staged_from_config(HFConfig(str(tmp_path), {"model_type": "internvl", **config}, pre))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_internvl_cost_and_profile_cli_agree_within_the_band(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # the real InternVL3-1B at its smallest honest sample: one 448-px tile (256 tokens) and a
+    # short prompt, a steady-state step measured on fake tensors (~17 s on 2 cores)
+    (tmp_path / "config.json").write_text(json.dumps(INTERNVL3_1B))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(PRE))
+    argv = ["--hf-config", str(tmp_path), "--sample", json.dumps({"images": 1, "height": 448, "width": 448,
+            "text_tokens": 64}), "--batch", "1", "--json"]  # fmt: skip
+    code, out, err = cli(capsys, "cost", *argv)
+    assert code == 0, err
+    priced = json.loads(out)
+    code, out, err = cli(capsys, "profile", *argv)
+    assert code == 0, err
+    measured = json.loads(out)
+    assert priced["seq_len"] == measured["seq_len"] == 256 + 64
+    assert measured["params_total"] == priced["params"] == 938_193_024
+    err_percent = 100 * (priced["peak_bytes"] - measured["measured_peak_bytes"]) / measured["measured_peak_bytes"]
+    assert ERROR_BAND[0] <= err_percent <= ERROR_BAND[1] and measured["within_band"], err_percent

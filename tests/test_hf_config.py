@@ -64,6 +64,10 @@ REAL: dict[str, tuple[str, dict[str, Any]]] = {
         "vision_config": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
                           "num_attention_heads": 12, "patch_size": 16, "image_size": 512},
         "scale_factor": 4, "tie_word_embeddings": True}),
+    "internvl": ("InternVLConfig", {  # OpenGVLab/InternVL3-1B-hf
+        "text_config": {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                        "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151674},
+        "vision_config": {"attention_bias": True}, "tie_word_embeddings": False}),
     "qwen2": ("Qwen2Config", {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,  # Qwen2-0.5B
                               "num_attention_heads": 14, "num_key_value_heads": 2, "tie_word_embeddings": True}),
     "llama": ("LlamaConfig", {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,  # Llama-3.2-1B

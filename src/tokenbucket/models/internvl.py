@@ -119,9 +119,9 @@ class InternVL(Family):
         counts = []
         for key, default in zip(("min_patches", "max_patches"), INTERNVL_PATCHES, strict=True):
             value = cfg.preprocessor.get(key, default)
-            if type(value) is not int or not 1 <= value <= 1024:
+            if type(value) is not int or not 1 <= value <= 256:
                 raise ConfigError(
-                    f"preprocessor_config.json next to {cfg.path!r}: key {key!r} should be an integer in [1, 1024], "
+                    f"preprocessor_config.json next to {cfg.path!r}: key {key!r} should be an integer in [1, 256], "
                     f"but got {value!r}"
                 )
             counts.append(value)
