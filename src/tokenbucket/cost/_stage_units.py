@@ -189,9 +189,10 @@ def _projector_unit(
         # the tower trains (the next block keeps that one)
         saved += proj.deepstack * ((6 if tower_trains else 8) * dv + 4) * n_in
     elif proj.kind in ("mlp", "fused_mlp"):  # fc1 input, GELU input, fc2 input
-        saved = BF16 * dv * n_in + 2 * BF16 * sum(proj.hidden_dims or (proj.out_dim,)) * llm_image
-        if proj.norm is not None:  # a norm over the folded features first (InternVL): its input, stats, output
-            saved += (2 * BF16 * proj.in_dim + 4) * llm_image - BF16 * dv * n_in + BF16 * proj.in_dim * llm_image
+        # a LayerNorm over the folded features first (InternVL's): its input, its stats and its
+        # output, which is fc1's input (measured: 20,484 B per LLM token, InternVL3-1B)
+        first = (2 * BF16 * proj.in_dim + 4) * llm_image if proj.norm is not None else BF16 * dv * n_in
+        saved = first + 2 * BF16 * sum(proj.hidden_dims or (proj.out_dim,)) * llm_image
     else:  # one linear: its (pixel-shuffled) input
         saved = BF16 * dv * n_in
     return Unit("projector", proj.params, proj.params if trains else 0, saved if trains else 0,

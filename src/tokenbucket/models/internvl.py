@@ -91,13 +91,13 @@ class InternVL(Family):
 
     def merge(self, cfg: HFConfig) -> int:
         """``1 / downsample_ratio``: the pixel shuffle folds ``merge x merge`` patches into one token."""
-        ratio = cfg.get(cfg.config, "", "downsample_ratio", 0.5, float)
+        ratio = float(cfg.get(cfg.config, "", "downsample_ratio", 0.5, float))
         if not 0 < ratio <= 1 or abs(1 / ratio - round(1 / ratio)) > 1e-9:
             raise ConfigError(
                 f"config.json {cfg.path!r}: key 'downsample_ratio' should be 1 / n for a positive integer n "
                 f"(0.5 folds 2 x 2 patches), but got {ratio!r}"
             )
-        return int(round(1 / ratio))
+        return round(1 / ratio)
 
     def image_rule(self, cfg: HFConfig) -> dict[str, Any]:
         """The processor's tile (``size``; the tower's ``image_size`` when the preprocessor names none,
