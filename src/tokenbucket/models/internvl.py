@@ -191,7 +191,7 @@ class InternVL(Family):
                          norm="layernorm", norm_dim=folded)  # fmt: skip
 
     def tied(self, cfg: HFConfig, text_tie: bool) -> bool:
-        # InternVLConfig's root tie_word_embeddings defaults to true (the published 1B-78B set false)
+        # InternVLConfig's root tie_word_embeddings defaults to true (InternVL3-1B-hf sets false: an untied head)
         return bool(cfg.get(cfg.config, "", "tie_word_embeddings", True, bool))
 
     def inputs(self, cfg: HFConfig, tconfig: PretrainedConfig, shape: Shape, dtype: torch.dtype) -> Inputs:
