@@ -28,6 +28,7 @@ FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf_truth.
 # the generator tiles SmolVLM images without upscaling them first (benchmarks/hf_truth.py _smol_tiles)
 PREPROCESSORS: dict[str, dict[str, Any]] = {
     "smolvlm-256m": {"do_resize": False, "max_image_size": {"longest_edge": 512}},
+    "gemma-3-4b": {"do_pan_and_scan": True},  # the generator cuts crops (benchmarks/hf_truth.py _gemma3_passes)
 }
 
 

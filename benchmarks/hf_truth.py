@@ -366,6 +366,30 @@ def _build_config(name: str) -> transformers.PretrainedConfig:
             vision_feature_layer=-1,
             tie_word_embeddings=False,
         )
+    if name == "gemma-3-4b":  # google/gemma-3-4b-it: SigLIP so400m at 896, 4x4 pooled to 256 tokens
+        return transformers.Gemma3Config(
+            vision_config={**_siglip_so400m(896).to_dict(), "vision_use_head": False},
+            text_config={
+                "hidden_size": 2560,
+                "intermediate_size": 10240,
+                "num_hidden_layers": 34,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 4,
+                "head_dim": 256,
+                "vocab_size": 262208,
+                "max_position_embeddings": 131072,
+                "query_pre_attn_scalar": 256,
+                "sliding_window": 1024,
+                "sliding_window_pattern": 6,
+                "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                "final_logit_softcapping": None,
+                "attn_logit_softcapping": None,
+            },
+            mm_tokens_per_image=256,
+            image_token_index=262144,
+            boi_token_index=255999,
+            eoi_token_index=256000,
+        )
     raise KeyError(f"unknown arch {name!r}; one of {', '.join(ARCHS)}")
 
 
@@ -394,6 +418,7 @@ ARCH_TYPES: dict[str, str] = {
     "smolvlm-256m": "idefics3",
     "llava-onevision-0.5b": "llava_onevision",
     "internvl3-1b": "internvl",
+    "gemma-3-4b": "gemma3",
 }
 ARCHS: dict[str, tuple[str, str | None]] = {name: HF_CLASSES[mt] for name, mt in ARCH_TYPES.items()}
 
@@ -413,6 +438,8 @@ SHAPES: dict[str, list[tuple[int, int, int, int, int]]] = {
     # a lone image is tiled (2 and 5 tower passes); four images in a sample are one crop each
     "llava-onevision-0.5b": [(1, 1, 384, 384, 256), (2, 1, 480, 640, 512), (1, 4, 384, 384, 1024)],
     "internvl3-1b": [(1, 1, 448, 448, 256), (2, 1, 480, 640, 1024), (1, 2, 896, 896, 2048)],
+    # the last one is cut into crops: pan-and-scan on (_gemma3_passes)
+    "gemma-3-4b": [(1, 1, 896, 896, 256), (2, 1, 896, 896, 1024), (1, 2, 896, 896, 2048), (1, 1, 896, 2048, 512)],
 }
 
 TRAINS = ("full", "frozen-vision", "lora")
@@ -530,6 +557,16 @@ def _internvl_tiles(h: int, w: int) -> int:
     return cols * rows + (1 if cols * rows > 1 else 0)
 
 
+def _gemma3_passes(h: int, w: int) -> int:
+    """Gemma 3 tower passes of one image with pan-and-scan on (the processor's other defaults: crops
+    of at least 256 px, at most 4, from a 1.2 aspect ratio): the image and its crops along the long side."""
+    long, short = max(h, w), min(h, w)
+    if long / short < 1.2:
+        return 1
+    n = min(4, max(2, min(long // 256, int(long / short + 0.5))))
+    return 1 if min(-(-long // n), short) < 256 else 1 + n
+
+
 def image_tokens_per_image(name: str, config: Any, h: int, w: int, images: int = 1) -> int:
     """LLM tokens one of ``images`` images of ``h``×``w`` in a sample becomes (0 for text-only archs)."""
     if name in ("qwen2-vl-2b", "qwen2.5-vl-3b"):
@@ -542,6 +579,8 @@ def image_tokens_per_image(name: str, config: Any, h: int, w: int, images: int =
         return (config.vision_config.image_size // config.vision_config.patch_size) ** 2
     if name == "paligemma-3b":
         return (config.vision_config.image_size // config.vision_config.patch_size) ** 2
+    if name == "gemma-3-4b":
+        return _gemma3_passes(h, w) * int(config.mm_tokens_per_image)
     if name == "llava-next-qwen2-0.5b":
         return _next_tokens(config, h, w)
     if name == "smolvlm-256m":
@@ -613,10 +652,15 @@ def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[st
             fake["pixel_values"] = ((_internvl_tiles(h, w) * images * batch, 3, 448, 448), torch.bfloat16)
         else:
             size = config.vision_config.image_size
-            fake["pixel_values"] = ((images * batch, 3, size, size), torch.bfloat16)
+            passes = _gemma3_passes(h, w) if name == "gemma-3-4b" else 1
+            fake["pixel_values"] = ((passes * images * batch, 3, size, size), torch.bfloat16)
         if name == "paligemma-3b":
             tt = torch.zeros((batch, length), dtype=torch.long)
             tt[:, length // 2 :] = 1  # prefix (image + prompt) then suffix
+            real["token_type_ids"] = tt
+        if name == "gemma-3-4b":  # the image tokens attend both ways within an image
+            tt = torch.zeros((batch, length), dtype=torch.long)
+            tt[:, :n_img] = 1
             real["token_type_ids"] = tt
     real["input_ids"] = ids
     real["labels"] = ids.clone()

@@ -76,6 +76,12 @@ REAL: dict[str, tuple[str, dict[str, Any]]] = {
     "gemma": ("GemmaConfig", {"hidden_size": 2048, "intermediate_size": 16384, "num_hidden_layers": 18,  # gemma-2b
                               "num_attention_heads": 8, "num_key_value_heads": 1}),
     "gemma2": ("Gemma2Config", {}),  # the class defaults are gemma-2-2b
+    "gemma3": ("Gemma3Config", {  # google/gemma-3-4b-it
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34,
+                        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208,
+                        "sliding_window": 1024},
+        "vision_config": {"model_type": "siglip_vision_model", **SIGLIP_SO400M, "patch_size": 14,
+                          "image_size": 896, "vision_use_head": False}}),
 }  # fmt: skip
 
 
@@ -256,7 +262,10 @@ def _snapshot(path: Path) -> tuple[bytes, int]:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('{"model_type": "mamba"}', r"model_type 'mamba' is not supported; supported: gemma, gemma2, idefics3, "),
+        (
+            '{"model_type": "mamba"}',
+            r"model_type 'mamba' is not supported; supported: gemma, gemma2, gemma3, idefics3, ",
+        ),
         ('{"hidden_size": 8}', r"missing key 'model_type'"),
         ('{"model_type": "llama", "hidden_size": "big"}', r"key 'hidden_size' should be a positive integer"),
         ('{"model_type": "llava", "vision_config": {"model_type": "dinov2"}}', r"vision_config.model_type 'dinov2'"),

@@ -69,7 +69,11 @@ class Unit:
 #   after the fp32 rope (4D), the per-image sdpa outputs and their concatenation (4D).
 # - a prefix-LM mask (PaliGemma's bidirectional image + prompt prefix): sdpa gets a boolean
 #   (B, 1, S, S) mask, so transformers repeats K and V to all heads, and every layer's sdpa
-#   converts the mask to bf16 and keeps it: 2S more per token per layer.
+#   converts the mask to bf16 and keeps it: 2S more per token per layer. Gemma 3's image tokens
+#   attend both ways within an image (``StagedModel.explicit_mask``): the same.
+# - q/k norm (Qwen3, Gemma 3, ``StagedModel.qk_norm``): an RMSNorm per head keeps its fp32 input
+#   (4Q, 4KV), rsqrt (4 per head) and, when its weight trains, the normalised bf16 (Qwen3) or
+#   fp32 (Gemma 3: 4Q, 4KV).
 # Checked: Qwen2-0.5B layer 57,408 B/token (exact), Gemma-2B 181,304 (+16), CLIP-L 41,032,
 # Qwen2-VL block 58,952.
 
@@ -92,7 +96,7 @@ def decoder_layer_saved(model: StagedModel, *, norm_trains: bool, lora_rank: int
     d, f, h = spec.hidden, spec.ffn, spec.heads
     q = h * model.head_dim
     kv = int(spec.kv_heads or h) * model.head_dim
-    masked = model.model_type in PREFIX_LM
+    masked = model.explicit_mask or model.model_type in PREFIX_LM
     kv_eff = kv if model.head_dim <= 256 and not masked else q
     gemma = model.model_type.startswith("gemma") or model.model_type in ("paligemma", "pi0")
     norm = FP32 * d + 4 + BF16 * d + (((FP32 if gemma else BF16) * d) if norm_trains else 0)
@@ -103,18 +107,18 @@ def decoder_layer_saved(model: StagedModel, *, norm_trains: bool, lora_rank: int
     # Gemma 2's post-attention and post-MLP norms: their fp32 input and rsqrt, and with a trained
     # weight the normalised fp32 output; their bf16 output goes straight into the residual add
     post = (model.norms_per_layer - 2) * (FP32 * d + 4 + (FP32 * d if norm_trains else 0))
-    qk = qk_norm_saved(model, norm_trains=norm_trains) if model.qk_norm else 0
+    qk = qk_norm_saved(model, norm_trains=norm_trains, fp32_normed=gemma) if model.qk_norm else 0
     return first_norm + norm + attn + mlp + lora + post + qk + (16 if gemma else 0) + (BF16 * seq_len if masked else 0)
 
 
-def qk_norm_saved(model: StagedModel, *, norm_trains: bool) -> int:
-    """Bytes per token the per-head q/k RMSNorms keep (Qwen3): each upcasts, keeping its fp32
-    input and one fp32 rsqrt per head, and with a trained weight the normalised bf16 too; the
-    projections' bf16 outputs are not kept."""
+def qk_norm_saved(model: StagedModel, *, norm_trains: bool, fp32_normed: bool = False) -> int:
+    """Bytes per token the per-head q/k RMSNorms keep (Qwen3, Gemma 3): each upcasts, keeping its
+    fp32 input and one fp32 rsqrt per head, and with a trained weight the normalised bf16 too
+    (fp32 for Gemma's norm, ``fp32_normed``); the projections' bf16 outputs are not kept."""
     spec = model.backbone
     heads = spec.heads + int(spec.kv_heads or spec.heads)
     width = heads * model.head_dim
-    return FP32 * width + FP32 * heads + (BF16 * width if norm_trains else 0)
+    return FP32 * width + FP32 * heads + (((FP32 if fp32_normed else BF16) * width) if norm_trains else 0)
 
 
 def vision_layer_saved(tower: VisionTower) -> int:
@@ -193,6 +197,10 @@ def _projector_unit(
         # output, which is fc1's input (measured: 20,484 B per LLM token, InternVL3-1B)
         first = (2 * BF16 * proj.in_dim + 4) * llm_image if proj.norm is not None else BF16 * dv * n_in
         saved = first + 2 * BF16 * sum(proj.hidden_dims or (proj.out_dim,)) * llm_image
+    elif proj.kind == "pool_norm_linear":  # Gemma 3: NOTE [ Gemma 3's projector ]
+        pool = BF16 * dv * n_in if tower_trains else 0
+        norm = (FP32 * dv + 4 + FP32 * dv) if tower_trains else FP32 * dv
+        saved = pool + (norm + BF16 * dv) * llm_image
     else:  # one linear: its (pixel-shuffled) input
         saved = BF16 * dv * n_in
     return Unit("projector", proj.params, proj.params if trains else 0, saved if trains else 0,
@@ -296,3 +304,12 @@ def _checkpointed(unit: Unit, block_input: int) -> Unit:
 def _replace_work(unit: Unit, recomputed: int) -> Unit:
     """Full checkpointing: the block's own saved tensors come back during its backward."""
     return replace(unit, bwd_work=unit.bwd_work + recomputed)
+
+
+# NOTE [ Gemma 3's projector ]
+# Gemma3MultiModalProjector reshapes the tower's output to a contiguous (B, D, 64, 64) copy,
+# average-pools it 4 x 4 (avg_pool2d keeps its input for backward: 2D per tower token), runs a
+# Gemma RMSNorm over the pooled tokens (its fp32 input, rsqrt and normalised fp32: 8D + 4 per
+# LLM token) and multiplies by the bias-free projection (its bf16 input: 2D). Under a frozen
+# tower nothing upstream wants a gradient: only what the norm's weight and the matrix need
+# stays (the normalised fp32 and the bf16 input, 6D per LLM token).

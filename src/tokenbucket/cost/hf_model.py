@@ -75,9 +75,10 @@ class StagedModel:
     ``backbone`` is the block stack the cost model prices (``extra_params=0``); ``head_dim``,
     ``attn_bias`` and ``norms_per_layer`` make the backbone's count exact where ModelSpec's
     generic block differs (Gemma's head_dim, Qwen2's q/k/v bias, RMSNorm; Gemma 2's four
-    norms a layer), ``qk_norm`` its per-head RMSNorm on q and k (Qwen3: ``QK_NORM_TEXT_TYPES``).
+    norms a layer), ``qk_norm`` its per-head RMSNorm on q and k (Qwen3, Gemma 3: ``QK_NORM_TEXT_TYPES``).
     ``logit_softcap``: the logits pass through ``tanh(x / cap) * cap`` before
-    the loss (Gemma 2's ``final_logit_softcapping``).
+    the loss (Gemma 2's ``final_logit_softcapping``). ``explicit_mask``: the text attends under an
+    explicit ``B x 1 x S x S`` mask (Gemma 3's image tokens attend both ways within an image).
     """
 
     name: str
@@ -94,6 +95,7 @@ class StagedModel:
     action_expert: ActionExpert | None = None
     use_cache: bool = True
     qk_norm: bool = False
+    explicit_mask: bool = False
 
     def params_by_stage(self) -> dict[str, int]:
         """Parameters per stage: embedding, vision, projector, backbone (blocks + final norm), head."""
@@ -132,7 +134,9 @@ class StagedModel:
 
 
 # text model_types whose attention normalises q and k per head (an RMSNorm of head_dim each)
-QK_NORM_TEXT_TYPES: frozenset[str] = frozenset({"qwen3_vl_text"})
+QK_NORM_TEXT_TYPES: frozenset[str] = frozenset({"qwen3_vl_text", "gemma3_text"})
+# text model_types with four norms a layer (pre/post attention, pre/post MLP)
+_SANDWICH_NORMS: frozenset[str] = frozenset({"gemma2", "gemma3_text"})
 
 # text defaults per decoder model_type (transformers' config classes)
 _TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -146,6 +150,8 @@ _TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
               "num_attention_heads": 16, "head_dim": 256, "tie_word_embeddings": True},
     "gemma2": {"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "tie_word_embeddings": True},
+    "gemma3_text": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "tie_word_embeddings": True},
     "qwen3_vl_text": {"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
                       "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
                       "tie_word_embeddings": False, "attention_bias": False},
@@ -205,12 +211,15 @@ def _backbone(cfg: HFConfig) -> tuple[ModelSpec, int, int, bool, str, int]:
         name=f"{cfg.model_type}-backbone", hidden=hidden, layers=num("num_hidden_layers"), heads=heads,
         kv_heads=kv, mlp_ratio=ffn / hidden, gated_mlp=True,
     )  # fmt: skip
-    return spec, num("vocab_size"), head_dim, tie, bias, 4 if tt == "gemma2" else 2
+    return spec, num("vocab_size"), head_dim, tie, bias, 4 if tt in _SANDWICH_NORMS else 2
 
 
 def _logit_softcap(cfg: HFConfig) -> bool:
-    """Gemma 2's final logit soft-cap (30.0 unless the config sets it to null), under PaliGemma too."""
+    """Gemma 2's final logit soft-cap (30.0 unless the config sets it to null), under PaliGemma too;
+    Gemma 3's only when the config sets one (its default is null)."""
     table, _, tt = _text_table(cfg)
+    if tt == "gemma3_text":
+        return table.get("final_logit_softcapping") is not None
     return tt == "gemma2" and table.get("final_logit_softcapping", 30.0) is not None
 
 
@@ -233,7 +242,7 @@ def staged_from_config(cfg: HFConfig, name: str | None = None) -> StagedModel:
         name=name or str(cfg.config.get("_name_or_path") or mt), model_type=mt, vision=vision, projector=projector,
         backbone=spec, vocab=vocab, tied_embeddings=tie, head_dim=head_dim, attn_bias=bias,  # type: ignore[arg-type]
         norms_per_layer=norms, logit_softcap=_logit_softcap(cfg), use_cache=_use_cache(cfg),
-        qk_norm=_text_table(cfg)[2] in QK_NORM_TEXT_TYPES,
+        qk_norm=_text_table(cfg)[2] in QK_NORM_TEXT_TYPES, explicit_mask=family.bidirectional_images,
     )  # fmt: skip
 
 

@@ -77,6 +77,8 @@ class Family:
         flat_text: a config without ``text_config`` keeps its text keys at the top level
             (Qwen2-VL's hub checkpoints).
         variable_tokens: an image's LLM tokens depend on its size (``False``: a fixed square).
+        bidirectional_images: an image's tokens attend both ways within the image, so the text
+            attention runs under an explicit mask (Gemma 3's ``token_type_ids``).
     """
 
     name: ClassVar[str] = ""
@@ -89,6 +91,7 @@ class Family:
     absent_text: ClassVar[Mapping[str, Any] | None] = None
     flat_text: ClassVar[bool] = False
     variable_tokens: ClassVar[bool] = True
+    bidirectional_images: ClassVar[bool] = False
 
     @property
     def has_vision(self) -> bool:

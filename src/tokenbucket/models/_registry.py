@@ -10,6 +10,7 @@ __all__ = ["MODULES"]
 MODULES: dict[str, str] = {
     "gemma": "decoders",
     "gemma2": "decoders",
+    "gemma3": "gemma3",
     "llama": "decoders",
     "qwen2": "decoders",
     "idefics3": "idefics3",
