@@ -1,0 +1,312 @@
+"""LeRobot VLA policies (pi0, pi0.5, SmolVLA) read from their ``config.json``: parameters as LeRobot builds them.
+
+A LeRobot policy is not a Hugging Face model with a head: LeRobot 0.4.4 builds a VLM prefix
+(PaliGemma or SmolVLM) beside an action expert, converts part of it to bf16, keeps a list of
+parameters in float32, freezes what ``freeze_vision_encoder`` / ``train_expert_only`` say, and
+leaves some parameters that never get a gradient (pi0's expert keeps the vocabulary head of its
+``GemmaForCausalLM``; the backbone's last layer computes prefix outputs that no loss reads). What
+AdamW keeps state for is the parameters that get a gradient, in their own dtype.
+
+:class:`LeRobotPolicy` lists those parameters as :class:`ParamGroup` s (count, dtype, trainable,
+gets a gradient), from the policy's ``config.json`` (``type``: ``pi0``, ``pi05``, ``smolvla``) and
+the published backbone configs the policy builds (PaliGemma-3B with Gemma-2B / Gemma-300M for
+pi0 and pi0.5, SmolVLM2-500M-Video-Instruct for SmolVLA). The counts are checked against
+LeRobot's own classes in ``tests/data/lerobot_truth.json`` (``benchmarks/lerobot_truth``).
+Pricing a step's activations is the next step (issue 38); this module does not price one yet.
+
+Example:
+    >>> pi0 = LeRobotPolicy.preset("pi0")
+    >>> pi0.params_total, pi0.params_with_grad
+    (3501372176, 3133186832)
+    >>> pi0.dtype_split()["float32"]
+    4335264
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from tokenbucket._exceptions import ConfigError
+
+__all__ = ["POLICY_TYPES", "LeRobotPolicy", "ParamGroup", "read_lerobot_config"]
+
+POLICY_TYPES = ("pi0", "pi05", "smolvla")
+Dtype = Literal["bfloat16", "float32"]
+BF16: Dtype = "bfloat16"
+FP32: Dtype = "float32"
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """``params`` parameters of one part of the policy, in ``dtype``; ``trainable``: they require
+    grad; ``grad``: they get one in a training step (so AdamW keeps state for them)."""
+
+    name: str
+    params: int
+    dtype: Dtype
+    trainable: bool
+    grad: bool
+
+
+@dataclass(frozen=True)
+class _Gemma:
+    """openpi's Gemma variants (LeRobot's ``get_gemma_config``)."""
+
+    width: int
+    depth: int
+    mlp: int
+    heads: int = 8
+    kv_heads: int = 1
+    head_dim: int = 256
+
+
+_GEMMA = {"gemma_2b": _Gemma(2048, 18, 16_384), "gemma_300m": _Gemma(1024, 18, 4096)}
+_PALIGEMMA_VOCAB = 257_152
+_SIGLIP_SO400M = {"hidden": 1152, "layers": 27, "ffn": 4304, "patch": 14}  # PaliGemma-3B's tower
+_PALIGEMMA_PROJECTION = 2048
+# HuggingFaceTB/SmolVLM2-500M-Video-Instruct (SmolVLA's default vlm_model_name)
+_SMOLVLM2_500M = {
+    "text_hidden": 960, "text_ffn": 2560, "text_layers": 32, "heads": 15, "kv_heads": 5, "head_dim": 64,
+    "vocab": 49_280, "vision_hidden": 768, "vision_layers": 12, "vision_ffn": 3072, "patch": 16, "image": 512,
+    "scale_factor": 4,
+}  # fmt: skip
+
+
+def _linear(n_in: int, n_out: int, bias: bool = True) -> int:
+    return n_in * n_out + (n_out if bias else 0)
+
+
+def _siglip(hidden: int, layers: int, ffn: int, patch: int, image: int) -> dict[str, int]:
+    """A SigLIP-style tower without its pooling head: patch convolution, positions, blocks, final norm."""
+    block = 2 * hidden + 4 * _linear(hidden, hidden) + 2 * hidden + _linear(hidden, ffn) + _linear(ffn, hidden)
+    return {
+        "patch_embedding": 3 * patch * patch * hidden + hidden,
+        "position_embedding": (image // patch) ** 2 * hidden,
+        "blocks": layers * block,
+        "post_layernorm": 2 * hidden,
+    }
+
+
+def _smolvla_ffn(hidden: int) -> int:
+    """SmolVLA's expert MLP width (LeRobot's ``get_intermediate_size``): 8/3 of the width, up to a multiple of 256."""
+    width = 4 * int(2 * hidden / 3)
+    return 256 * ((width + 255) // 256)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeRobotPolicy:
+    """A LeRobot policy's configuration, as far as its parameters and their training go.
+
+    Args:
+        type: ``pi0``, ``pi05`` or ``smolvla`` (the config.json's ``type``).
+        freeze_vision_encoder: the vision tower trains not.
+        train_expert_only: the whole VLM (tower, projector, language model) trains not.
+        chunk_size: actions per chunk (the flow-matching expert's suffix).
+        max_state_dim: the state vector's padded width.
+        max_action_dim: the action vector's padded width.
+        image_size: the square the policy resizes each camera to.
+        paligemma_variant: pi0 / pi0.5's backbone (``gemma_2b``).
+        action_expert_variant: pi0 / pi0.5's expert (``gemma_300m``).
+        dtype: pi0 / pi0.5's ``dtype`` (``bfloat16``: LeRobot's float32 list kept; ``float32``).
+        num_vlm_layers: SmolVLA's language layers kept (the first ones).
+        num_expert_layers: SmolVLA's expert layers (0 or less: as many as the VLM's).
+        self_attn_every_n_layers: SmolVLA's expert self-attends every n-th layer, cross-attends else.
+        expert_width_multiplier: SmolVLA's expert width over the language model's.
+        attention_mode: SmolVLA's ``cross_attn`` or ``self_attn``.
+        load_vlm_weights: SmolVLA's VLM loaded with ``from_pretrained(torch_dtype="bfloat16")``
+            (bf16 VLM and expert) rather than built from its config (float32).
+        train_state_proj: SmolVLA's state projection trains.
+    """
+
+    type: str
+    freeze_vision_encoder: bool = False
+    train_expert_only: bool = False
+    chunk_size: int = 50
+    max_state_dim: int = 32
+    max_action_dim: int = 32
+    image_size: int = 224
+    paligemma_variant: str = "gemma_2b"
+    action_expert_variant: str = "gemma_300m"
+    dtype: str = "bfloat16"
+    num_vlm_layers: int = 16
+    num_expert_layers: int = -1
+    self_attn_every_n_layers: int = 2
+    expert_width_multiplier: float = 0.75
+    attention_mode: str = "cross_attn"
+    load_vlm_weights: bool = True
+    train_state_proj: bool = True
+
+    def __post_init__(self) -> None:
+        if self.type not in POLICY_TYPES:
+            raise ConfigError(f"type should be one of {list(POLICY_TYPES)}, but got type={self.type!r}")
+        for name in ("paligemma_variant", "action_expert_variant"):
+            if getattr(self, name) not in _GEMMA:
+                raise ConfigError(f"{name} should be one of {list(_GEMMA)}, but got {name}={getattr(self, name)!r}")
+        if self.dtype not in (BF16, FP32):
+            raise ConfigError(f"dtype should be 'bfloat16' or 'float32', but got dtype={self.dtype!r}")
+        for name in ("chunk_size", "max_state_dim", "max_action_dim", "image_size", "num_vlm_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} should be a positive integer value, but got {name}={value!r}")
+
+    @classmethod
+    def preset(cls, name: str, **changes: object) -> LeRobotPolicy:
+        """The published defaults of LeRobot 0.4.4's config class ``name`` (pi0 / pi0.5 in bf16,
+        as they train), with ``changes``."""
+        if name not in POLICY_TYPES:
+            raise ConfigError(f"unknown LeRobot policy preset {name!r}; known presets: {list(POLICY_TYPES)}")
+        defaults: dict[str, object] = {"type": name}
+        if name == "smolvla":
+            defaults.update(freeze_vision_encoder=True, train_expert_only=True, image_size=512)
+        return dataclasses.replace(cls(**defaults), **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, object], path: str = "<config>") -> LeRobotPolicy:
+        """The policy a LeRobot ``config.json`` (already parsed) describes; unknown keys are ignored."""
+        kind = config.get("type")
+        if kind not in POLICY_TYPES:
+            raise ConfigError(f"{path}: type should be one of {list(POLICY_TYPES)}, but got type={kind!r}")
+        base = cls.preset(str(kind))
+        fields = {f.name for f in dataclasses.fields(cls)} - {"type", "image_size"}
+        changes = {k: config[k] for k in fields if k in config}
+        size = config.get("resize_imgs_with_padding" if kind == "smolvla" else "image_resolution")
+        if isinstance(size, (list, tuple)) and size:
+            changes["image_size"] = size[0]
+        try:
+            return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+        except (TypeError, ConfigError) as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+    # -- parameters ---------------------------------------------------------------------------
+
+    def param_groups(self) -> list[ParamGroup]:
+        """Every parameter, once, as LeRobot 0.4.4 builds and trains the policy."""
+        if self.type == "smolvla":
+            return self._smolvla_groups()
+        return self._pi_groups()
+
+    def _pi_groups(self) -> list[ParamGroup]:
+        vlm, expert = _GEMMA[self.paligemma_variant], _GEMMA[self.action_expert_variant]
+        low: Dtype = BF16 if self.dtype == BF16 else FP32
+        vision_on = not (self.freeze_vision_encoder or self.train_expert_only)
+        vlm_on = not self.train_expert_only
+        groups: list[ParamGroup] = []
+
+        def add(name: str, params: int, dtype: Dtype, trainable: bool, grad: bool = True) -> None:
+            groups.append(ParamGroup(name, params, dtype, trainable, trainable and grad))
+
+        tower = _siglip(image=self.image_size, **_SIGLIP_SO400M)
+        add("vision.patch_embedding", tower["patch_embedding"], FP32, vision_on)  # LeRobot's float32 list
+        add("vision.position_embedding", tower["position_embedding"], FP32, vision_on)
+        add("vision.blocks", tower["blocks"] + tower["post_layernorm"], low, vision_on)
+        add("projector", _linear(_SIGLIP_SO400M["hidden"], _PALIGEMMA_PROJECTION), low, vlm_on)
+        add("backbone.embed_tokens", _PALIGEMMA_VOCAB * vlm.width, low, vlm_on)  # tied with its lm_head
+        qkv = vlm.width * (vlm.heads + 2 * vlm.kv_heads) * vlm.head_dim
+        o_mlp = vlm.heads * vlm.head_dim * vlm.width + 3 * vlm.width * vlm.mlp
+        add("backbone.layers", (vlm.depth - 1) * (qkv + o_mlp), low, vlm_on)
+        add("backbone.norms", (vlm.depth - 1) * 2 * vlm.width, FP32, vlm_on)
+        # NOTE [ Unused prefix outputs ]: the last backbone layer's prefix outputs feed no loss
+        # (only the expert's suffix does): its o_proj, MLP and post-attention norm, and the
+        # final norm, get no gradient. Its q/k/v do (the suffix attends to the prefix's keys and
+        # values, and the concatenated queries carry a gradient for every row).
+        add("backbone.last_layer.qkv", qkv, low, vlm_on)
+        add("backbone.last_layer.o_mlp", o_mlp, low, vlm_on, grad=False)
+        add("backbone.last_layer.input_layernorm", vlm.width, FP32, vlm_on)
+        add("backbone.last_layer.post_attention_layernorm", vlm.width, FP32, vlm_on, grad=False)
+        add("backbone.norm", vlm.width, FP32, vlm_on, grad=False)
+        e = expert
+        e_layer = e.width * (e.heads + 2 * e.kv_heads) * e.head_dim + e.heads * e.head_dim * e.width
+        add("expert.layers", e.depth * (e_layer + 3 * e.width * e.mlp), low, True)
+        # pi0.5's expert norms are adaptive (AdaRMS: a dense layer from the time embedding to
+        # scale, shift and gate); pi0's are plain RMSNorm weights. Both are on the float32 list.
+        norm = _linear(e.width, 3 * e.width) if self.type == "pi05" else e.width
+        add("expert.norms", (2 * e.depth + 1) * norm, FP32, True)
+        add("expert.lm_head", _PALIGEMMA_VOCAB * e.width, low, True, grad=False)  # NOTE [ Unused prefix outputs ]
+        a, s, w = self.max_action_dim, self.max_state_dim, e.width
+        # the projections are built after the bf16 conversion: float32
+        if self.type == "pi0":
+            heads = _linear(a, w) + _linear(w, a) + _linear(s, w) + _linear(2 * w, w) + _linear(w, w)
+        else:  # pi0.5: no state projection (the state is in the prompt), a time MLP for AdaRMS
+            heads = _linear(a, w) + _linear(w, a) + 2 * _linear(w, w)
+        add("action_projections", heads, FP32, True)
+        return groups
+
+    def _smolvla_groups(self) -> list[ParamGroup]:
+        c = _SMOLVLM2_500M
+        low: Dtype = BF16 if self.load_vlm_weights else FP32
+        vision_on = not (self.freeze_vision_encoder or self.train_expert_only)
+        vlm_on = not self.train_expert_only
+        groups: list[ParamGroup] = []
+
+        def add(name: str, params: int, dtype: Dtype, trainable: bool, grad: bool = True) -> None:
+            groups.append(ParamGroup(name, params, dtype, trainable, trainable and grad))
+
+        tower = _siglip(c["vision_hidden"], c["vision_layers"], c["vision_ffn"], c["patch"], c["image"])
+        add("vision", sum(tower.values()), low, vision_on)
+        add("connector", c["vision_hidden"] * c["scale_factor"] ** 2 * c["text_hidden"], low, vlm_on)
+        d, kv = c["text_hidden"], c["kv_heads"] * c["head_dim"]
+        q = c["heads"] * c["head_dim"]
+        layers = min(self.num_vlm_layers, c["text_layers"])
+        text_layer = 2 * d * q + 2 * d * kv + 3 * d * c["text_ffn"] + 2 * d
+        add("text.embed_tokens", c["vocab"] * d, low, vlm_on)
+        add("text.layers", layers * text_layer + d, low, vlm_on)
+        add("text.lm_head", c["vocab"] * d, low, False)  # frozen in every setup (set_requires_grad)
+        w = int(d * self.expert_width_multiplier)
+        ffn = _smolvla_ffn(w)
+        n = layers if self.num_expert_layers <= 0 else self.num_expert_layers
+        cross = [
+            "cross" in self.attention_mode
+            and not (self.self_attn_every_n_layers > 0 and i % self.self_attn_every_n_layers == 0)
+            for i in range(n)
+        ]
+        base = w * q + 2 * w * kv + q * w + 3 * w * ffn + 2 * w
+        # a cross-attending layer's k/v read the VLM's keys and values: new float32 Linears
+        # (kv -> kv), built after the expert, replace its own (w -> kv)
+        add("expert.layers", n * base - sum(cross) * 2 * w * kv + w, low, True)
+        add("expert.cross_kv", sum(cross) * 2 * kv * kv, FP32, True)
+        a, s = self.max_action_dim, self.max_state_dim
+        add("state_proj", _linear(s, d), FP32, self.train_state_proj)
+        add("action_projections", _linear(a, w) + _linear(w, a) + _linear(2 * w, w) + _linear(w, w), FP32, True)
+        return groups
+
+    @property
+    def params_total(self) -> int:
+        return sum(g.params for g in self.param_groups())
+
+    @property
+    def params_trainable(self) -> int:
+        return sum(g.params for g in self.param_groups() if g.trainable)
+
+    @property
+    def params_with_grad(self) -> int:
+        return sum(g.params for g in self.param_groups() if g.grad)
+
+    def dtype_split(self, *, trainable: bool = False) -> dict[str, int]:
+        """Parameters per dtype (only the trainable ones with ``trainable``)."""
+        out: dict[str, int] = {}
+        for g in self.param_groups():
+            if g.trainable or not trainable:
+                out[g.dtype] = out.get(g.dtype, 0) + g.params
+        return dict(sorted(out.items()))
+
+
+def read_lerobot_config(path: str | Path) -> LeRobotPolicy:
+    """The policy of a LeRobot ``config.json`` (or the folder holding it: a checkpoint's
+    ``pretrained_model``)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"no LeRobot config.json at {str(p)!r}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{str(p)!r} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{str(p)!r} should hold a JSON object, but holds {type(data).__name__}")
+    return LeRobotPolicy.from_config(data, str(p))

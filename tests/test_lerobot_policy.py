@@ -1,0 +1,67 @@
+"""LeRobotPolicy's parameter accounting against LeRobot's own policies (tests/data/lerobot_truth.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.cost.lerobot_policy import LeRobotPolicy, read_lerobot_config
+
+FIXTURE = Path(__file__).resolve().parent / "data" / "lerobot_truth.json"
+
+
+def _configs() -> list[Any]:
+    """One case per measured (policy, variant): the counts do not depend on the batch."""
+    if not FIXTURE.exists():
+        return []
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for p in json.loads(FIXTURE.read_text())["points"]:
+        seen.setdefault((p["policy"], p["variant"]), p)
+    return [pytest.param(p, id=f"{k[0]}-{k[1]}") for k, p in seen.items()]
+
+
+@pytest.mark.parametrize("point", _configs())
+def test_lerobot_policy_counts_equal_lerobots(point: dict[str, Any]) -> None:
+    policy = LeRobotPolicy.from_config(point["config"])
+    assert policy.params_total == point["params_total"]
+    assert policy.params_trainable == point["params_trainable"]
+    assert policy.params_with_grad == point["params_with_grad"]
+    assert policy.dtype_split() == {k: v["params"] for k, v in point["dtype_split"].items()}
+    assert policy.dtype_split(trainable=True) == {
+        k: v["trainable"] for k, v in point["dtype_split"].items() if v["trainable"]
+    }
+
+
+def test_lerobot_policy_reads_a_checkpoint_folder(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"type": "pi0", "train_expert_only": True, "extra": 1}))
+    policy = read_lerobot_config(tmp_path)
+    assert policy == LeRobotPolicy.preset("pi0", train_expert_only=True)
+    # the expert and the action projections train; the expert's vocabulary head gets no gradient
+    assert policy.params_trainable - policy.params_with_grad == 257152 * 1024
+
+
+def test_lerobot_policy_smolvla_preset_is_the_published_default() -> None:
+    policy = LeRobotPolicy.preset("smolvla")
+    assert (policy.freeze_vision_encoder, policy.train_expert_only, policy.image_size) == (True, True, 512)
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"type": "act"}, r"type should be one of \['pi0', 'pi05', 'smolvla'\], but got type='act'"),
+        ({"type": "pi0", "dtype": "float16"}, r"dtype should be 'bfloat16' or 'float32', but got dtype='float16'"),
+        ({"type": "pi0", "chunk_size": 0}, r"chunk_size should be a positive integer value, but got chunk_size=0"),
+    ],
+)
+def test_lerobot_policy_rejects_a_bad_config_naming_the_value(config: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        LeRobotPolicy.from_config(config)
+
+
+def test_lerobot_policy_missing_config_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"no LeRobot config\.json at"):
+        read_lerobot_config(tmp_path)
