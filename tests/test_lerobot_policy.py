@@ -65,3 +65,23 @@ def test_lerobot_policy_rejects_a_bad_config_naming_the_value(config: dict[str, 
 def test_lerobot_policy_missing_config_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"no LeRobot config\.json at"):
         read_lerobot_config(tmp_path)
+
+
+def _phase_points() -> list[Any]:
+    if not FIXTURE.exists():
+        return []
+    points = json.loads(FIXTURE.read_text())["points"]
+    return [pytest.param(p, id=f"{p['policy']}-{p['variant']}-b{p['batch']}") for p in points]
+
+
+@pytest.mark.parametrize("point", _phase_points())
+def test_lerobot_policy_static_bytes_equal_the_tracked_ones(point: dict[str, Any]) -> None:
+    static = LeRobotPolicy.from_config(point["config"]).static_bytes()
+    tracked = point["peak_breakdown"]
+    assert tracked["PARAM"] == static["weights"]
+    # at the peak the gradients are all there (optimizer step), or none yet (forward)
+    assert tracked["GRAD"] in (0, static["gradients"]) or point["peak_phase"] == "backward"
+    # AdamW's states, plus its per-parameter step counters (one fp32 scalar each) and, during
+    # the step, foreach temporaries of one gradient's size
+    extra = tracked["OPT"] - static["optimizer"]
+    assert 0 <= extra < 1_000_000 or (point["peak_phase"] == "optimizer" and extra - static["gradients"] < 1_000_000)

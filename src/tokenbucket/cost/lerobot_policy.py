@@ -20,6 +20,8 @@ Example:
     (3501372176, 3133186832)
     >>> pi0.dtype_split()["float32"]
     4335264
+    >>> pi0.static_bytes()["optimizer"]  # AdamW's states, bf16 where the parameter is
+    12550072000
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ POLICY_TYPES = ("pi0", "pi05", "smolvla")
 Dtype = Literal["bfloat16", "float32"]
 BF16: Dtype = "bfloat16"
 FP32: Dtype = "float32"
+_BYTES = {BF16: 2, FP32: 4}
 
 
 @dataclass(frozen=True)
@@ -285,6 +288,14 @@ class LeRobotPolicy:
     @property
     def params_with_grad(self) -> int:
         return sum(g.params for g in self.param_groups() if g.grad)
+
+    def static_bytes(self) -> dict[str, int]:
+        """``weights`` (every parameter, in its dtype), ``gradients`` and ``optimizer`` (AdamW's two
+        states) of the parameters that get a gradient, each in its parameter's dtype (``zeros_like``)."""
+        groups = self.param_groups()
+        weights = sum(g.params * _BYTES[g.dtype] for g in groups)
+        grads = sum(g.params * _BYTES[g.dtype] for g in groups if g.grad)
+        return {"weights": weights, "gradients": grads, "optimizer": 2 * grads}
 
     def dtype_split(self, *, trainable: bool = False) -> dict[str, int]:
         """Parameters per dtype (only the trainable ones with ``trainable``)."""
