@@ -6,6 +6,7 @@ Command (what ``tests/data/lerobot_truth.json`` comes from; no GPU, no weights d
     benchmarks/lerobot_truth/.venv/bin/python benchmarks/lerobot_truth/measure.py          # everything
     benchmarks/lerobot_truth/.venv/bin/python benchmarks/lerobot_truth/measure.py \
         --policy pi0 --variant full --batch 1 --batch 4 --out /tmp/pi0.json
+    python3 benchmarks/lerobot_truth/measure.py --table                     # the fixture as a table
 
 Each point builds LeRobot 0.4.4's policy class (``PI0Policy``, ``PI05Policy``, ``SmolVLAPolicy``)
 from its config class with the published defaults, except the precision: ``dtype="bfloat16"``
@@ -635,8 +636,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--text-tokens", type=int, default=TEXT_TOKENS)
     parser.add_argument("--kernels", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--out", default=str(FIXTURE))
+    parser.add_argument("--table", action="store_true", help="print --out's points as a Markdown table")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.table:
+        print(table(json.loads(Path(args.out).read_text())["points"]))
+        return
     if args.worker:
         worker(args)
         return
@@ -669,6 +674,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     out.write_text(json.dumps(merged, indent=1) + "\n")
     print(f"wrote {len(merged['points'])} points to {out}", file=sys.stderr)
+
+
+def table(points: list[dict[str, Any]]) -> str:
+    """The points as a Markdown table: peak GiB per batch, parameters, trainable, with a gradient, float32."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for p in sorted(points, key=_key):
+        row = rows.setdefault((p["policy"], p["variant"]), {"p": p, "peaks": {}})
+        row["peaks"][p["batch"]] = p["peak_bytes"] / 2**30
+    batches = sorted({p["batch"] for p in points})
+    head = ["policy", "variant", *(f"B={b} GiB" for b in batches), "params", "trainable", "with grad", "float32"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (policy, variant), row in rows.items():
+        p = row["p"]
+        fp32 = p["dtype_split"].get("float32", {"params": 0})["params"]
+        peaks = [f"{row['peaks'][b]:.2f}" if b in row["peaks"] else "" for b in batches]
+        counts = [p["params_total"], p["params_trainable"], p["params_with_grad"], fp32]
+        lines.append("| " + " | ".join([policy, variant, *peaks, *(f"{n:,}" for n in counts)]) + " |")
+    return "\n".join(lines)
 
 
 def _key(p: dict[str, Any]) -> tuple[Any, ...]:
