@@ -12,7 +12,9 @@ gets a gradient), from the policy's ``config.json`` (``type``: ``pi0``, ``pi05``
 the published backbone configs the policy builds (PaliGemma-3B with Gemma-2B / Gemma-300M for
 pi0 and pi0.5, SmolVLM2-500M-Video-Instruct for SmolVLA). The counts are checked against
 LeRobot's own classes in ``tests/data/lerobot_truth.json`` (``benchmarks/lerobot_truth``).
-Pricing a step's activations is the next step (issue 38); this module does not price one yet.
+:meth:`LeRobotPolicy.memory` prices a steady-state step of pi0 / pi0.5 (its static bytes, and
+what each sample keeps for backward: NOTE [ pi0's saved tensors ]), within -1.3 .. +0.2 % of
+the measured peaks at batch 1 to 64; SmolVLA's activations are not priced yet.
 
 Example:
     >>> pi0 = LeRobotPolicy.preset("pi0")
@@ -296,6 +298,66 @@ class LeRobotPolicy:
         weights = sum(g.params * _BYTES[g.dtype] for g in groups)
         grads = sum(g.params * _BYTES[g.dtype] for g in groups if g.grad)
         return {"weights": weights, "gradients": grads, "optimizer": 2 * grads}
+
+    def activation_bytes(self, *, cameras: int = 3, text_tokens: int = 48) -> int:
+        """What one sample keeps for backward at the end of pi0 / pi0.5's forward (NOTE [ pi0's saved tensors ]).
+
+        ``cameras``: the image slots (LeRobot runs a missing camera as a padded image too).
+        SmolVLA is not priced yet (a ``ConfigError``)."""
+        if self.type == "smolvla":
+            raise ConfigError("SmolVLA's activations are not priced yet (issue 38); its parameters are")
+        # NOTE [ pi0's saved tensors ]: per token and layer, in bytes, as autograd keeps them in
+        # LeRobot's compute_layer_complete (bf16 weights, float32 norms and softmax):
+        # - RMSNorm (openpi's): square(x.float()) keeps x in fp32 (4 d), x * rsqrt keeps x (2 d),
+        #   the scale keeps the fp32 normed (4 d) where the weight trains: 10 d, else 6 d;
+        # - a Linear keeps its input only where its weight trains: q/k/v share one (2 d), the
+        #   gated MLP's gate/up share one (2 d) and down keeps the product (2 f); gelu keeps its
+        #   input and the product keeps both factors (6 f): 8 f + 2 d trained, 6 f frozen;
+        # - attention runs over prefix + suffix at once (one matmul, float32 softmax): q, the
+        #   8-head-repeated k and v, and the output before o_proj (4 x 2 H hd over all tokens,
+        #   o_proj's input is a slice of it and keeps it whole), and the scores: the fp32 softmax
+        #   and its bf16 copy, 6 H L^2. The suffix attends to the prefix, so the prefix stream
+        #   needs gradients from the first attention on even with the VLM frozen.
+        # - SigLIP (trained only): per token, LN and Linear inputs (10 h), gelu in/out (4 f), and
+        #   the flash kernel's q, k, v and output with the head padded to a multiple of 8, and
+        #   its fp32 log-sum-exp.
+        vlm, e = _GEMMA[self.paligemma_variant], _GEMMA[self.action_expert_variant]
+        side = self.image_size // _SIGLIP_SO400M["patch"]
+        prefix = cameras * side * side + text_tokens
+        suffix = self.chunk_size + (1 if self.type == "pi0" else 0)  # pi0's state token
+        tokens = prefix + suffix
+        width = vlm.heads * vlm.head_dim
+        vlm_on = not self.train_expert_only
+        d, f = vlm.width, vlm.mlp
+        if vlm_on:
+            prefix_layer = prefix * (2 * 10 * d + 2 * d + 8 * f + 2 * d)
+        else:
+            prefix_layer = prefix * (2 * 6 * d + 6 * f)
+        expert_layer = suffix * (2 * 10 * e.width + 2 * e.width + 8 * e.mlp + 2 * e.width)
+        if self.type == "pi05":
+            expert_layer += suffix * 2 * 2 * e.width  # the gated residuals keep the branch output
+        attention = tokens * 4 * 2 * width + 6 * vlm.heads * tokens * tokens
+        total = vlm.depth * (prefix_layer + expert_layer + attention)
+        total += 4 * tokens * tokens  # the float32 4-D attention mask, one for every layer
+        if not (self.freeze_vision_encoder or self.train_expert_only):
+            h, fv, heads = _SIGLIP_SO400M["hidden"], _SIGLIP_SO400M["ffn"], 16
+            padded = heads * -(-(h // heads) // 8) * 8
+            block = 10 * h + 4 * fv + 4 * 2 * padded + 4 * heads
+            total += _SIGLIP_SO400M["layers"] * cameras * side * side * block
+        return total
+
+    def memory(self, batch: int, *, cameras: int = 3, text_tokens: int = 48) -> dict[str, int]:
+        """The predicted peak bytes of a steady-state LeRobot step (``update_policy`` with AdamW):
+        the larger of the end of forward (weights, AdamW states, ``batch`` samples' saved
+        tensors) and the optimizer step (weights, gradients, states, and the foreach
+        temporaries of one gradient's size). Returns ``peak_bytes`` and the items."""
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise ConfigError(f"batch should be a positive integer value, but got batch={batch!r}")
+        static = self.static_bytes()
+        activations = batch * self.activation_bytes(cameras=cameras, text_tokens=text_tokens)
+        forward = static["weights"] + static["optimizer"] + activations
+        step = static["weights"] + 2 * static["gradients"] + static["optimizer"]
+        return {"peak_bytes": max(forward, step), "activations": activations, **static}
 
     def dtype_split(self, *, trainable: bool = False) -> dict[str, int]:
         """Parameters per dtype (only the trainable ones with ``trainable``)."""
