@@ -258,9 +258,6 @@ class LeRobotPolicy:
         q = c["heads"] * c["head_dim"]
         layers = min(self.num_vlm_layers, c["text_layers"])
         text_layer = 2 * d * q + 2 * d * kv + 3 * d * c["text_ffn"] + 2 * d
-        add("text.embed_tokens", c["vocab"] * d, low, vlm_on)
-        add("text.layers", layers * text_layer + d, low, vlm_on)
-        add("text.lm_head", c["vocab"] * d, low, False)  # frozen in every setup (set_requires_grad)
         w = int(d * self.expert_width_multiplier)
         ffn = _smolvla_ffn(w)
         n = layers if self.num_expert_layers <= 0 else self.num_expert_layers
@@ -269,6 +266,19 @@ class LeRobotPolicy:
             and not (self.self_attn_every_n_layers > 0 and i % self.self_attn_every_n_layers == 0)
             for i in range(n)
         ]
+        add("text.embed_tokens", c["vocab"] * d, low, vlm_on)
+        add("text.layers", (layers - 1) * text_layer, low, vlm_on)
+        # NOTE [ Unused prefix outputs ] in SmolVLA: the last VLM layer's prefix output feeds no
+        # loss; its k/v (and the norm before them) do, read by the expert. Its q does too where
+        # that expert layer self-attends over the joint sequence, not where it cross-attends.
+        last_q = not cross[-1]
+        add("text.last_layer.kv", 2 * d * kv + d + (d * q if last_q else 0), low, vlm_on)
+        add(
+            "text.last_layer.q_o_mlp", (0 if last_q else d * q) + q * d + 3 * d * c["text_ffn"], low, vlm_on, grad=False
+        )
+        add("text.last_layer.post_attention_layernorm", d, low, vlm_on, grad=False)
+        add("text.norm", d, low, vlm_on, grad=False)
+        add("text.lm_head", c["vocab"] * d, low, False)  # frozen in every setup (set_requires_grad)
         base = w * q + 2 * w * kv + q * w + 3 * w * ffn + 2 * w
         # a cross-attending layer's k/v read the VLM's keys and values: new float32 Linears
         # (kv -> kv), built after the expert, replace its own (w -> kv)
