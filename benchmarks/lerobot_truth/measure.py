@@ -20,23 +20,29 @@ The step is LeRobot's ``update_policy`` (``lerobot/scripts/lerobot_train.py``): 
 parameters, ``optimizer.step()``, ``optimizer.zero_grad()``; the optimizer is the policy's own
 preset (``config.get_optimizer_preset()``: AdamW) built with ``foreach=True``, as PyTorch picks it
 on a CUDA device. Two steps run; the recorded peak is the second step's (the steady state: the
-AdamW states are live through forward and backward). The batch is what LeRobot's preprocessor
+AdamW states are live through forward and backward). The first step runs untracked; the
+tracker then takes the policy, the optimizer (its states) and the batch, and follows the second
+step phase by phase (forward, backward, optimizer). The batch is what LeRobot's preprocessor
 hands the policy: three float32 camera images of 3 x 224 x 224 in [0, 1], a float32 state of
 ``max_state_dim``, a float32 action chunk of ``chunk_size x max_action_dim``, and 48 language
 tokens with their mask (pi0.5's default ``tokenizer_max_length`` is 200: its prompt carries the
 discretised state; a point says the length it ran).
 
 The peak of live tensor bytes comes from PyTorch's ``MemTracker`` (parameters, buffers,
-gradients, activations, temporaries and optimizer states, each storage counted once), with one
-change: its per-module peak bookkeeping is skipped (only the whole-step peak is read, and the
-per-module loop over every tracked module at every op is most of the tracker's time).
+gradients, activations, temporaries and optimizer states, each storage counted once), with two
+changes: its per-module peak bookkeeping is skipped (only the whole-step peak is read, and the
+per-module loop over every tracked module at every op is most of the tracker's time), and a
+module called again in the same forward (a tower run once per camera) starts its module stats
+anew instead of being refused as a new iteration (LeRobot calls ``policy.forward``, not
+``policy(...)``, so the tracker sees no root module).
 
 Attention: pi0 / pi0.5 / SmolVLA run their backbone + expert attention as explicit matmuls and a
 float32 softmax (their own ``eager_attention_forward``), so it runs here as on a GPU. The vision
 towers call ``F.scaled_dot_product_attention``; ``--kernels cuda`` (the default) routes a call
 without a mask to the CUDA flash kernel's meta function (head dim padded to a multiple of 8, as
-the CUDA dispatcher pads it), which is what a GPU keeps for backward; ``--kernels cpu`` leaves the
-CPU kernels.
+the CUDA dispatcher pads it) and a call with a mask to the memory-efficient kernel's (the mask as
+an additive bias), which is what a GPU keeps for backward; ``--kernels cpu`` leaves the CPU
+kernels.
 
 What this script patches, and why (nothing else is touched):
 - ``.item()`` / ``.tolist()`` / ``.numpy()`` on a fake tensor return zeros: the policies log
@@ -47,6 +53,12 @@ What this script patches, and why (nothing else is touched):
   (``smolvlm2_500m_config``), the VLM is built from it in bf16 as ``from_pretrained(...,
   torch_dtype="bfloat16")`` builds it (``load_vlm_weights=True``: the path that fine-tunes from
   the VLM), and the processor is a stand-in holding the two image token ids the policy reads.
+- SmolVLM's patch positions are given (NOTE [ SmolVLM patch positions ]).
+- ``Module.to(dtype)`` of a fake parameter (NOTE [ Fake parameters' dtype change ]).
+- torch.distributions' argument checks are off (the flow-matching time's Beta distribution
+  reads its parameters' values).
+- torchvision is stood in for (NOTE [ No torchvision ]), and LeRobot is told transformers is
+  installed (the pi fork's distribution is named transformers-openpi).
 """
 
 from __future__ import annotations
