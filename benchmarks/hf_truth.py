@@ -390,6 +390,40 @@ def _build_config(name: str) -> transformers.PretrainedConfig:
             boi_token_index=255999,
             eoi_token_index=256000,
         )
+    if name == "mistral-small-3.1-24b":  # mistralai/Mistral-Small-3.1-24B-Instruct-2503
+        return transformers.Mistral3Config(
+            vision_config={
+                "model_type": "pixtral",
+                "hidden_size": 1024,
+                "intermediate_size": 4096,
+                "num_hidden_layers": 24,
+                "num_attention_heads": 16,
+                "patch_size": 14,
+                "image_size": 1540,
+                "head_dim": 64,
+                "hidden_act": "gelu",
+                "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0},
+            },
+            text_config={
+                "model_type": "mistral",
+                "hidden_size": 5120,
+                "intermediate_size": 32768,
+                "num_hidden_layers": 40,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "vocab_size": 131072,
+                "max_position_embeddings": 131072,
+                "rms_norm_eps": 1e-5,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000000.0},
+                "sliding_window": None,
+            },
+            image_token_index=10,
+            spatial_merge_size=2,
+            vision_feature_layer=-1,
+            multimodal_projector_bias=False,
+            tie_word_embeddings=False,  # the checkpoint stores both (NOTE [ Mistral 3's tie ] in the package)
+        )
     raise KeyError(f"unknown arch {name!r}; one of {', '.join(ARCHS)}")
 
 
@@ -419,6 +453,7 @@ ARCH_TYPES: dict[str, str] = {
     "llava-onevision-0.5b": "llava_onevision",
     "internvl3-1b": "internvl",
     "gemma-3-4b": "gemma3",
+    "mistral-small-3.1-24b": "mistral3",
 }
 ARCHS: dict[str, tuple[str, str | None]] = {name: HF_CLASSES[mt] for name, mt in ARCH_TYPES.items()}
 
@@ -440,6 +475,7 @@ SHAPES: dict[str, list[tuple[int, int, int, int, int]]] = {
     "internvl3-1b": [(1, 1, 448, 448, 256), (2, 1, 480, 640, 1024), (1, 2, 896, 896, 2048)],
     # the last one is cut into crops: pan-and-scan on (_gemma3_passes)
     "gemma-3-4b": [(1, 1, 896, 896, 256), (2, 1, 896, 896, 1024), (1, 2, 896, 896, 2048), (1, 1, 896, 2048, 512)],
+    "mistral-small-3.1-24b": [(1, 1, 224, 224, 256), (2, 2, 448, 448, 1024), (1, 4, 896, 672, 2048)],
 }
 
 TRAINS = ("full", "frozen-vision", "lora")
@@ -567,6 +603,14 @@ def _gemma3_passes(h: int, w: int) -> int:
     return 1 if min(-(-long // n), short) < 256 else 1 + n
 
 
+def _pixtral_sides(h: int, w: int) -> tuple[int, int]:
+    """Pixtral's resized sides: longest edge at most 1540 (floored), then up to multiples of 14 x 2."""
+    scale = max(h / 1540, w / 1540)
+    if scale > 1:
+        h, w = int(h / scale), int(w / scale)
+    return -(-h // 28) * 28, -(-w // 28) * 28
+
+
 def image_tokens_per_image(name: str, config: Any, h: int, w: int, images: int = 1) -> int:
     """LLM tokens one of ``images`` images of ``h``×``w`` in a sample becomes (0 for text-only archs)."""
     if name in ("qwen2-vl-2b", "qwen2.5-vl-3b"):
@@ -590,6 +634,9 @@ def image_tokens_per_image(name: str, config: Any, h: int, w: int, images: int =
         return _onevision_tokens(config, h, w, images)
     if name == "internvl3-1b":  # 32 x 32 patches a tile, pixel-shuffled 2 x 2
         return _internvl_tiles(h, w) * 256
+    if name == "mistral-small-3.1-24b":  # a row break after each row of merged patches, the last an end
+        rh, rw = _pixtral_sides(h, w)
+        return (rh // 28) * (rw // 28 + 1)
     return 0
 
 
@@ -650,6 +697,10 @@ def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[st
             fake["_pixels_held"] = ((batch, tiles, 3, 512, 512), torch.bfloat16)  # their bytes, counted
         elif name == "internvl3-1b":
             fake["pixel_values"] = ((_internvl_tiles(h, w) * images * batch, 3, 448, 448), torch.bfloat16)
+        elif name == "mistral-small-3.1-24b":
+            rh, rw = _pixtral_sides(h, w)
+            real["image_sizes"] = torch.tensor([[rh, rw]] * (images * batch), dtype=torch.long)
+            fake["pixel_values"] = ((images * batch, 3, rh, rw), torch.bfloat16)
         else:
             size = config.vision_config.image_size
             passes = _gemma3_passes(h, w) if name == "gemma-3-4b" else 1

@@ -19,6 +19,7 @@ MODULES: dict[str, str] = {
     "llava": "llava",
     "llava_next": "llava_next",
     "llava_onevision": "llava_onevision",
+    "mistral3": "mistral3",
     "paligemma": "paligemma",
     "qwen2_vl": "qwen2_vl",
     "qwen2_5_vl": "qwen2_vl",

@@ -53,9 +53,11 @@ class VisionTower:
     of that many rows that a dynamic-resolution tower interpolates to each image's grid (Qwen3-VL's
     ``num_position_embeddings``; ``learned_positions`` is the fixed-size tower's own table).
 
-    ``qkv_bias``: the q/k/v projections carry biases (the output projection always does);
-    ``qk_norm``: q and k pass through an RMSNorm over the full width before the heads split
-    (InternViT-6B's); ``layer_scale``: a learned per-channel scale on each residual branch.
+    ``qkv_bias``: the q/k/v projections carry biases; ``linear_bias``: the attention output and
+    MLP projections do (Pixtral has neither); ``qk_norm``: q and k pass through an RMSNorm over the
+    full width before the heads split (InternViT-6B's); ``layer_scale``: a learned per-channel
+    scale on each residual branch; ``batch_mask``: the tower runs every image of the batch as one
+    sequence under a block-diagonal ``[1, 1, S, S]`` mask (Pixtral).
     """
 
     name: str
@@ -84,6 +86,8 @@ class VisionTower:
     unused_layers: int = 0
     post_norm_used: bool = True
     position_rows: int = 0
+    linear_bias: bool = True
+    batch_mask: bool = False
 
     @property
     def tokens_per_image(self) -> int | None:
@@ -94,8 +98,9 @@ class VisionTower:
     @property
     def layer_params(self) -> int:
         d, f = self.hidden, self.ffn
-        mlp = 3 * d * f + 2 * f + d if self.gated_mlp else 2 * d * f + f + d
-        attn = 4 * d * d + (4 * d if self.qkv_bias else d) + (2 * d if self.qk_norm else 0)
+        lb = int(self.linear_bias)
+        mlp = 3 * d * f + lb * (2 * f + d) if self.gated_mlp else 2 * d * f + lb * (f + d)
+        attn = 4 * d * d + 3 * d * int(self.qkv_bias) + d * lb + (2 * d if self.qk_norm else 0)
         return attn + mlp + 2 * norm_params(self.norm, d) + (2 * d if self.layer_scale else 0)
 
     @property
@@ -189,9 +194,10 @@ def vit_tower(
     )  # fmt: skip
 
 
-def unused_layers(cfg: HFConfig, layers: int) -> int:
-    """Blocks after the deepest ``vision_feature_layer`` (hidden_states[0] is the embedding output)."""
-    raw = cfg.config.get("vision_feature_layer", -2)
+def unused_layers(cfg: HFConfig, layers: int, default: int = -2) -> int:
+    """Blocks after the deepest ``vision_feature_layer`` (hidden_states[0] is the embedding output;
+    ``default`` is the family's config default: LLaVA's -2, Mistral 3's -1)."""
+    raw = cfg.config.get("vision_feature_layer", default)
     picks = raw if isinstance(raw, list) else [raw]
     if not picks or not all(isinstance(k, int) and not isinstance(k, bool) and -layers - 1 <= k <= layers
                             for k in picks):  # fmt: skip
