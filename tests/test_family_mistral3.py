@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 import pytest
 import transformers
-from tests.test_families import GRID, _mismatches, _pixels
-
 from transformers.models.pixtral.image_processing_pil_pixtral import get_resize_output_image_size
 
+from tests.test_cli_errors import cli
+from tests.test_families import GRID, _mismatches, _pixels
 from tokenbucket import models
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.hf_model import load_hf_config, staged_from_config
+from tokenbucket.cost.staged import ERROR_BAND
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models.mistral3 import MISTRAL_SMALL_TEXT
 
@@ -140,3 +141,24 @@ def test_mistral3_refuses_a_bad_key_in_one_line() -> None:
         models.of(HFConfig("<m>", {"model_type": "mistral3"})).image_rule(
             HFConfig("<m>", {"model_type": "mistral3"}, {"size": {"longest_edge": 0}})
         )
+
+
+@pytest.mark.slow
+def test_mistral3_cost_and_profile_hf_config_agree_at_the_published_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Mistral-Small-3.1-24B on fake tensors, one 224 px image: the truth set's smallest shape, one
+    # step (the 24B weights and AdamW's first step make the peak; ~15 s of CPU, the model's size)
+    (tmp_path / "config.json").write_text(json.dumps(MISTRAL_SMALL_31))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(VARIANTS[0][1]))
+    sample = json.dumps({"images": 1, "height": 224, "width": 224, "text_tokens": 256})
+    code, out, err = cli(capsys, "cost", "--hf-config", str(tmp_path), "--sample", sample, "--batch", "1", "--json")
+    assert code == 0, err
+    priced = json.loads(out)
+    code, out, err = cli(capsys, "profile", "--hf-config", str(tmp_path), "--sample", sample, "--batch", "1", "--steps", "1",
+                         "--json")  # fmt: skip
+    assert code == 0, err
+    measured = json.loads(out)
+    assert priced["seq_len"] == measured["seq_len"] == 8 * 9 + 256  # 8 rows of 8 tokens and a break
+    err_pct = 100.0 * (priced["peak_bytes"] - measured["measured_peak_bytes"]) / measured["measured_peak_bytes"]
+    assert ERROR_BAND[0] <= err_pct <= ERROR_BAND[1] and measured["within_band"], err_pct

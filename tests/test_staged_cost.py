@@ -22,8 +22,33 @@ PREPROCESSORS: dict[str, dict[str, Any]] = {
     "smolvlm-256m": {"do_resize": False, "max_image_size": {"longest_edge": 512}},
     "gemma-3-4b": {"do_pan_and_scan": True},  # the generator cuts crops (benchmarks/hf_truth.py _gemma3_passes)
 }
-# (arch, train, sharding, batch, seq_len, steps) -> (measured error %, why); none so far
-KNOWN_MISSES: dict[tuple[Any, ...], tuple[float, str]] = {}
+# NOTE [ Mistral Small 3.1 under FSDP ]
+# Two trackers' blind spots, measured at Mistral-Small-3.1-24B's smallest shape (one 224 px image,
+# 328 tokens), where the 24B weights make the peak:
+# - the first step's optimizer phase (full, frozen-vision): FSDPMemTracker does not see AdamW's
+#   foreach temporary over the DTensor shards (one bf16 copy of the trainable shard, 5.59 GiB a
+#   rank) that MemTracker sees unsharded (where the same points are exact): measured 22.36 and
+#   22.08 GiB, priced 27.95 and 27.58 (+25.0 %, +24.9 %). The price keeps the temporary: a GPU
+#   allocates it.
+# - LoRA's forward: on the fake process group FSDP2 holds a third decoder layer's gathered
+#   weights (1.04 GiB, one Mistral layer, counted as activations) at the end of forward, where
+#   the price holds two: measured 15.40 GiB (forward), priced 14.54 (backward), -5.6 %. The same
+#   extra layer is in full training's forward (15.95 measured, 14.92 priced) but its peak is the
+#   optimizer step; the larger shapes' peaks are in backward, where both agree within 0.05 %.
+_M3 = ("mistral-small-3.1-24b",)
+_AXES = ("dropped", "config", "cpu", "adamw", "none")
+# (arch, train, sharding, batch, seq_len, steps, *axes) -> (measured error %, why)
+KNOWN_MISSES: dict[tuple[Any, ...], tuple[float, str]] = {
+    (*_M3, "full", "fsdp8", 1, 328, 1, *_AXES): (25.0, "NOTE [ Mistral Small 3.1 under FSDP ]: foreach temporary"),
+    (*_M3, "frozen-vision", "fsdp8", 1, 328, 1, *_AXES): (
+        24.9,
+        "NOTE [ Mistral Small 3.1 under FSDP ]: foreach temporary",
+    ),
+    (*_M3, "lora", "fsdp8", 1, 328, 1, *_AXES): (
+        -5.6,
+        "NOTE [ Mistral Small 3.1 under FSDP ]: a third layer in forward",
+    ),
+}
 
 
 def _truth() -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -131,6 +131,9 @@ def vision_layer_saved(tower: VisionTower) -> int:
         if tower.name.startswith("qwen3"):  # GELU-tanh: fc1's output and GELU's
             mlp = 2 * BF16 * f
         return norms + attn + mlp
+    if tower.norm == "rmsnorm":  # Pixtral: two RMSNorms (fp32 input, rsqrt, bf16 normalised and output)
+        mlp = 4 * BF16 * f if tower.gated_mlp else 2 * BF16 * f
+        return 2 * (FP32 * d + 4 + 2 * BF16 * d) + 4 * BF16 * d + FP32 * h + mlp
     act = 3 * BF16 * f if tower.name.startswith("clip") else 2 * BF16 * f
     # an RMSNorm keeps its fp32 input and rsqrt, the normalised bf16 (its weight's gradient) and
     # its output; a q/k norm the same but its output, which sdpa keeps as q / k; a layer scale
@@ -139,6 +142,15 @@ def vision_layer_saved(tower: VisionTower) -> int:
     qk = 2 * (FP32 * d + 4 + BF16 * d) if tower.qk_norm else 0
     scale = 2 * BF16 * d if tower.layer_scale else 0
     return 2 * norm + 4 * BF16 * d + FP32 * h + act + qk + scale
+
+
+# NOTE [ One sequence under a block mask ]
+# Pixtral runs every image of the batch as one sequence of all their patches (S tokens) and
+# builds a bf16 block-diagonal mask [1, 1, S, S] that every block's sdpa takes (and keeps for
+# backward when the tower trains): 2 S^2 bytes, live through the tower's forward, and to the end
+# of its backward when it trains. Each block's saved bytes are per token as in NOTE [ What an
+# HF block saves ] (RMSNorm as in the decoder, SwiGLU 8F): 24D + 8F + 4H + 8 per token, measured
+# 57,416 B at Pixtral-L (D 1024, F 4096, H 16) on fake tensors, exact.
 
 
 # NOTE [ Tower blocks past the feature layer ]
@@ -161,16 +173,23 @@ def _vision_units(model: StagedModel, images: int, patches: int, trains: bool) -
         root = tower.params - layers * tower.layer_params - tower.head_params
         root_trains = root - (tower.unused_params - tower.unused_layers * tower.layer_params - tower.head_params)
         inputs = BF16 * tokens * tower.channels * tower.temporal_patch * tower.patch**2
-        embed_saved = (2 * BF16 * tower.hidden + 4) * tokens if trains else 0
-        units.append(Unit("vision", root, root_trains if trains else 0, inputs + embed_saved,
+        stem = (
+            (FP32 + BF16) * tower.hidden if tower.batch_mask else BF16 * tower.hidden
+        )  # Pixtral's ln_pre is an RMSNorm
+        embed_saved = (stem + BF16 * tower.hidden + 4) * tokens if trains else 0
+        mask = BF16 * tokens * tokens if tower.batch_mask else 0  # NOTE [ One sequence under a block mask ]
+        units.append(Unit("vision", root, root_trains if trains else 0, inputs + embed_saved + (mask if trains else 0),
                           fwd_work=BF16 * tokens * tower.hidden))  # fmt: skip
         per = vision_layer_saved(tower) * tokens if trains else 0
-        work = BF16 * tokens * (4 * tower.hidden + 2 * tower.ffn)
+        work = BF16 * tokens * (4 * tower.hidden + 2 * tower.ffn) + (0 if trains else mask)
         grad_work = BF16 * tokens * (4 * tower.hidden + 2 * tower.ffn)
+        bwd_work = 0
+        if tower.batch_mask:  # NOTE [ One sequence under a block mask ]: the SwiGLU backward peaks first
+            bwd_work, grad_work = tokens * (2 * tower.hidden + 9 * tower.ffn // 2), BF16 * tokens * tower.hidden
         for i in range(layers):
             used = i < layers - tower.unused_layers
             units.append(Unit("vision", tower.layer_params, tower.layer_params if trains and used else 0, per,
-                              fwd_work=work, bwd_grad_work=grad_work, own_unit=True, backward=trains and used,
+                              fwd_work=work, bwd_work=bwd_work, bwd_grad_work=grad_work, own_unit=True, backward=trains and used,
                               keeps_saved=not used))  # fmt: skip
         if tower.pooling_head:  # transformers' SigLIP runs it; OpenVLA's timm tower stops before it
             runs = tower.name == "siglip_vision_model" and trains
@@ -192,6 +211,11 @@ def _projector_unit(
         # NOTE [ DeepStack mergers ]: the same again per merger, less its LayerNorm input when
         # the tower trains (the next block keeps that one)
         saved += proj.deepstack * ((6 if tower_trains else 8) * dv + 4) * n_in
+    elif proj.kind == "merger_mlp":  # Mistral 3: RMSNorm, the merging layer's input, then the MLP's
+        # the norm keeps its fp32 input and rsqrt only for a gradient into a training tower
+        norm = (FP32 * dv + 4 + 2 * BF16 * dv) if tower_trains else BF16 * dv
+        merged = n_in // proj.merge**2
+        saved = (norm + BF16 * dv) * n_in + (BF16 * dv + 2 * BF16 * sum(proj.hidden_dims or (proj.out_dim,))) * merged
     elif proj.kind in ("mlp", "fused_mlp"):  # fc1 input, GELU input, fc2 input
         # a LayerNorm over the folded features first (InternVL's): its input, its stats and its
         # output, which is fc1's input (measured: 20,484 B per LLM token, InternVL3-1B)

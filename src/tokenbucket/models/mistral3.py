@@ -127,8 +127,15 @@ class Mistral3(Family):
         bias = bool(cfg.get(cfg.config, "", "multimodal_projector_bias", False, bool))
         merge = self.merge(cfg)
         return Projector(
-            kind="merger_mlp", in_dim=tower.hidden * layers, out_dim=width, hidden_dims=(width,), bias=bias,
-            merge=merge, norm="rmsnorm", norm_dim=tower.hidden, extra_params=tower.hidden**2 * merge**2,
+            kind="merger_mlp",
+            in_dim=tower.hidden * layers,
+            out_dim=width,
+            hidden_dims=(width,),
+            bias=bias,
+            merge=merge,
+            norm="rmsnorm",
+            norm_dim=tower.hidden,
+            extra_params=tower.hidden**2 * merge**2,
         )  # fmt: skip  (RMSNorm, the 2x2 merging layer without bias, then the MLP)
 
     def tied(self, cfg: HFConfig, text_tie: bool) -> bool:
