@@ -71,10 +71,10 @@ def test_mistral3_counts_equal_the_processor_over_the_grid(variant: int) -> None
     counted = _counted(GRID, patch, merge, longest)
     factor = patch * merge
     expected = {}
-    # the processor resizes real pixels: every other size of the grid keeps this fast, the counting
-    # method covers all of them
+    # the processor resizes real pixels: a third of the grid keeps this fast, the counting method
+    # covers all of them
     for (h, w), tokens in zip(GRID, counted, strict=True):
-        if (h, w) in GRID[::2]:
+        if (h, w) in GRID[::3]:
             rh, rw = image_proc(_pixels(h, w), patch_size=factor, return_tensors="np")["image_sizes"][0]
             assert tokens == (rh // factor) * (rw // factor + 1), (h, w)
             assert models.of(cfg).vision_inputs(cfg, h, w).patches_per_image == (rh // patch) * (rw // patch)
