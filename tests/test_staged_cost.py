@@ -30,11 +30,12 @@ PREPROCESSORS: dict[str, dict[str, Any]] = {
 #   rank) that MemTracker sees unsharded (where the same points are exact): measured 22.36 and
 #   22.08 GiB, priced 27.95 and 27.58 (+25.0 %, +24.9 %). The price keeps the temporary: a GPU
 #   allocates it.
-# - LoRA's forward: on the fake process group FSDP2 holds a third decoder layer's gathered
-#   weights (1.04 GiB, one Mistral layer, counted as activations) at the end of forward, where
-#   the price holds two: measured 15.40 GiB (forward), priced 14.54 (backward), -5.6 %. The same
-#   extra layer is in full training's forward (15.95 measured, 14.92 priced) but its peak is the
-#   optimizer step; the larger shapes' peaks are in backward, where both agree within 0.05 %.
+# - LoRA's forward: at the end of forward on the fake process group, FSDPMemTracker counts 1.04 GiB
+#   more activations than the price holds, exactly one Mistral decoder layer's bf16 weights (a
+#   third gathered layer where the price holds two): measured 15.40 GiB (forward), priced 14.54
+#   (backward), -5.6 %; the steady state 15.45 and 14.58, -5.6 %. Full training's forward holds
+#   the same extra (15.95 measured, 14.92 priced) under a larger optimizer-step peak; at the larger
+#   shapes the peaks are in backward, where price and measure agree within 0.05 %.
 _M3 = ("mistral-small-3.1-24b",)
 _AXES = ("dropped", "config", "cpu", "adamw", "none")
 # (arch, train, sharding, batch, seq_len, steps, *axes) -> (measured error %, why)
