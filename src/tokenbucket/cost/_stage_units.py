@@ -131,10 +131,9 @@ def vision_layer_saved(tower: VisionTower) -> int:
         if tower.name.startswith("qwen3"):  # GELU-tanh: fc1's output and GELU's
             mlp = 2 * BF16 * f
         return norms + attn + mlp
-    if tower.norm == "rmsnorm":  # Pixtral: two RMSNorms (fp32 input, rsqrt, bf16 normalised and output)
-        mlp = 4 * BF16 * f if tower.gated_mlp else 2 * BF16 * f
-        return 2 * (FP32 * d + 4 + 2 * BF16 * d) + 4 * BF16 * d + FP32 * h + mlp
     act = 3 * BF16 * f if tower.name.startswith("clip") else 2 * BF16 * f
+    if tower.gated_mlp:  # SwiGLU (Pixtral): gate, act, up and their product
+        act = 4 * BF16 * f
     # an RMSNorm keeps its fp32 input and rsqrt, the normalised bf16 (its weight's gradient) and
     # its output; a q/k norm the same but its output, which sdpa keeps as q / k; a layer scale
     # keeps the branch output it multiplies (attention's and the MLP's)
