@@ -12,9 +12,10 @@ gets a gradient), from the policy's ``config.json`` (``type``: ``pi0``, ``pi05``
 the published backbone configs the policy builds (PaliGemma-3B with Gemma-2B / Gemma-300M for
 pi0 and pi0.5, SmolVLM2-500M-Video-Instruct for SmolVLA). The counts are checked against
 LeRobot's own classes in ``tests/data/lerobot_truth.json`` (``benchmarks/lerobot_truth``).
-:meth:`LeRobotPolicy.memory` prices a steady-state step of pi0 / pi0.5 (its static bytes, and
-what each sample keeps for backward: NOTE [ pi0's saved tensors ]), within -1.3 .. +0.2 % of
-the measured peaks at batch 1 to 64; SmolVLA's activations are not priced yet.
+:meth:`LeRobotPolicy.memory` prices a steady-state step (its static bytes, and what each
+sample keeps for backward: NOTE [ pi0's saved tensors ], NOTE [ SmolVLA's saved tensors ]),
+within -1.3 .. +0.2 % of the measured peaks of pi0 / pi0.5 and -1.1 .. -0.2 % of SmolVLA's
+(frozen VLM, VLM trained, all trained) at batch 1 to 64.
 
 Example:
     >>> pi0 = LeRobotPolicy.preset("pi0")
@@ -313,9 +314,9 @@ class LeRobotPolicy:
         """What one sample keeps for backward at the end of pi0 / pi0.5's forward (NOTE [ pi0's saved tensors ]).
 
         ``cameras``: the image slots (LeRobot runs a missing camera as a padded image too).
-        SmolVLA is not priced yet (a ``ConfigError``)."""
+        SmolVLA's are priced by its own forward (NOTE [ SmolVLA's saved tensors ])."""
         if self.type == "smolvla":
-            raise ConfigError("SmolVLA's activations are not priced yet (issue 38); its parameters are")
+            return self._smolvla_activation_bytes(cameras=cameras, text_tokens=text_tokens)
         # NOTE [ pi0's saved tensors ]: per token and layer, in bytes, as autograd keeps them in
         # LeRobot's compute_layer_complete (bf16 weights, float32 norms and softmax):
         # - RMSNorm (openpi's): square(x.float()) keeps x in fp32 (4 d), x * rsqrt keeps x (2 d),
@@ -354,6 +355,84 @@ class LeRobotPolicy:
             padded = heads * -(-(h // heads) // 8) * 8
             block = 10 * h + 4 * fv + 4 * 2 * padded + 4 * heads
             total += _SIGLIP_SO400M["layers"] * cameras * side * side * block
+        return total
+
+    def _smolvla_activation_bytes(self, *, cameras: int, text_tokens: int) -> int:
+        """What one SmolVLA sample keeps at the peak of its forward (NOTE [ SmolVLA's saved tensors ])."""
+        # NOTE [ SmolVLA's saved tensors ]: LeRobot 0.4.4's SmolVLMWithExpertModel.forward, per
+        # token and layer, in bytes (bf16 weights; the expert's cross-attention k/v Linears and
+        # the action / state projections float32):
+        # - the prefix is the images (the connector's pixel shuffle: (image / patch / scale)^2
+        #   tokens per camera), the text, and one state token; the state projection trains, so
+        #   the prefix stream needs gradients from the first layer on even with the VLM frozen;
+        # - LlamaRMSNorm keeps its float32 upcast (4 d); where its weight trains, also the bf16
+        #   normed input of the weight product and its output, the next Linear's input: 8 d;
+        # - the gated MLP keeps silu's input, its output and the up projection (6 f), and where
+        #   its down projection trains, their product (8 f);
+        # - eager attention (float32 softmax): q and the head-repeated k upcast to float32 for
+        #   the score matmul, the head-repeated bf16 v, the float32 softmax and its bf16 copy
+        #   (6 H per score); the output before o_proj (2 H hd) where an o_proj that trains reads it.
+        #   Every n-th layer the prefix and the expert attend jointly (one T x T score matrix);
+        #   else the prefix attends to itself (P x P) and the expert cross-attends to the
+        #   prefix's keys and values through its float32 k/v Linears (their float32 inputs and
+        #   outputs repeated to every head, a float32 softmax of S x P and no bf16 copy, the
+        #   float32 output cast to bf16 for o_proj);
+        # - RoPE keeps its sin and cos (2 x 128 bytes a token per rotation), q and k;
+        # - the peak is at the end of the expert stack: the last layer's prefix branch (which no
+        #   loss reads) and the prefix's final norm are still alive, freed when the forward returns
+        #   (with the VLM trained, their weights require grad: NOTE [ Unused prefix outputs ] in SmolVLA);
+        # - the policy's forward holds each camera resized to the tower's square, float32;
+        # - a trained connector keeps its input (the shuffled tower output); a trained tower
+        #   keeps per token and layer the LayerNorm inputs and the Linears' inputs, q, k, v and
+        #   the output of SDPA's memory-efficient kernel (its mask: the 4-D bias, once), gelu's
+        #   input and output: 16 h + 4 f, and its float32 log-sum-exp.
+        c = _SMOLVLM2_500M
+        d, f, heads, hd = c["text_hidden"], c["text_ffn"], c["heads"], c["head_dim"]
+        q, kv = heads * hd, c["kv_heads"] * hd
+        w = int(d * self.expert_width_multiplier)
+        ffn = _smolvla_ffn(w)
+        tower = c["image"] // c["patch"]
+        image_tokens = (tower // c["scale_factor"]) ** 2
+        prefix = cameras * image_tokens + text_tokens + 1
+        suffix = self.chunk_size
+        tokens = prefix + suffix
+        layers = min(self.num_vlm_layers, c["text_layers"])
+        vlm_on = not self.train_expert_only
+        rope = 2 * 128
+        total = 0
+        for i in range(layers):
+            # the last layer's weights require grad too (set_requires_grad's names miss them)
+            # though no loss reads its prefix output: its prefix branch keeps what a trained one does
+            trained = vlm_on
+            joint = "cross" not in self.attention_mode or (
+                self.self_attn_every_n_layers > 0 and i % self.self_attn_every_n_layers == 0
+            )
+            if trained:
+                total += prefix * (8 * d + 8 * d + 8 * f)
+            else:
+                total += prefix * (4 * d + 4 * d + 6 * f)
+            total += suffix * (8 * w + 8 * w + 8 * ffn)  # the expert trains
+            if joint:
+                total += tokens * (4 * q + 4 * q + 2 * q + 2 * q) + 6 * heads * tokens * tokens
+                total += 2 * tokens * rope
+            else:
+                total += prefix * (4 * q + 4 * q + 2 * q) + 6 * heads * prefix * prefix
+                total += prefix * 2 * q if trained else 0
+                total += prefix * (2 * 4 * kv + 4 * q + 4 * q) + suffix * 4 * q + 4 * heads * suffix * prefix
+                total += suffix * 2 * q
+                total += (2 * prefix + suffix) * rope
+        total += tokens * tokens  # the boolean 2-D attention mask
+        total += prefix * (6 if vlm_on else 4) * d  # the prefix's final norm (its weight requires grad with the VLM)
+        total += suffix * (6 * w + 4 * w)  # the expert's final norm, action_out_proj's float32 input
+        a = self.max_action_dim
+        total += suffix * (4 * a + 4 * 2 * w + 4 * w + 4 * w) + 2 * suffix * 4 * a  # action/time MLP, MSE
+        total += cameras * 3 * c["image"] ** 2 * 4  # the resized cameras, float32
+        if vlm_on:
+            total += cameras * image_tokens * c["scale_factor"] ** 2 * c["vision_hidden"] * 2
+        if not (self.freeze_vision_encoder or self.train_expert_only):
+            n, h, fv, vh = tower * tower, c["vision_hidden"], c["vision_ffn"], 12
+            block = 16 * h + 4 * fv + 4 * vh
+            total += cameras * (c["vision_layers"] * n * block + 2 * n * n + 3 * c["image"] ** 2 * 2 + 2 * n * h)
         return total
 
     def memory(self, batch: int, *, cameras: int = 3, text_tokens: int = 48) -> dict[str, int]:
