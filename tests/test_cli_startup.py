@@ -54,8 +54,9 @@ def _probe(argv: list[str]) -> dict[str, object]:
             "--json",
         ],
         ["cost", "--preset", "design-24L-1024", "--batch", "1", "--length", "16384", "--gpu", "H100-SXM"],
+        ["cost", "--lerobot-policy", "smolvla", "--batch", "8", "--cameras", "2", "--gpu", "H100-SXM", "--json"],
     ],
-    ids=["staged", "staged-fsdp-lora-json", "block"],
+    ids=["staged", "staged-fsdp-lora-json", "block", "lerobot-policy"],
 )
 def test_cost_answers_without_numpy_pyarrow_or_torch(argv: list[str]) -> None:
     assert _probe(argv) == {"code": 0, "heavy": []}

@@ -54,6 +54,9 @@ def test_lerobot_policy_smolvla_preset_is_the_published_default() -> None:
         ({"type": "act"}, r"type should be one of \['pi0', 'pi05', 'smolvla'\], but got type='act'"),
         ({"type": "pi0", "dtype": "float16"}, r"dtype should be 'bfloat16' or 'float32', but got dtype='float16'"),
         ({"type": "pi0", "chunk_size": 0}, r"chunk_size should be a positive integer value, but got chunk_size=0"),
+        ({"type": "smolvla", "self_attn_every_n_layers": "2"}, r"self_attn_every_n_layers should be an integer"),
+        ({"type": "smolvla", "train_expert_only": "no"}, r"train_expert_only should be true or false"),
+        ({"type": "smolvla", "attention_mode": "both"}, r"attention_mode should be 'cross_attn' or 'self_attn'"),
     ],
 )
 def test_lerobot_policy_rejects_a_bad_config_naming_the_value(config: dict[str, Any], match: str) -> None:

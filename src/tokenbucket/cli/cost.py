@@ -2,6 +2,7 @@
 
 tokenbucket cost [model flags] --batch B --length L [--gpu NAME | --budget-gib X] [--json]
 tokenbucket cost --hf-config DIR --sample JSON --batch B [--train T] [--sharding S --world-size N] [--json]
+tokenbucket cost --lerobot-policy DIR|pi0|pi05|smolvla --batch B [--cameras C] [--text-tokens T] [--gpu NAME] [--json]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tokenbucket.cli._common import (
     positive_int,
     unit_fraction,
 )
+from tokenbucket.cli._lerobot import add_lerobot_flags, is_lerobot, refuse_lerobot_flags, run_lerobot
 from tokenbucket.cli._staged import (
     add_staged_flags,
     is_staged,
@@ -37,7 +39,8 @@ __all__ = ["EXAMPLE", "add_arguments", "run"]
 EXAMPLE = (
     "tokenbucket cost --preset design-24L-1024 --batch 1 --length 16384 --gpu H100-SXM\n"
     '  tokenbucket cost --preset qwen2-vl-2b --sample \'{"images": 4, "height": 448, "width": 448, '
-    '"text_tokens": 512}\' --batch 2 --sharding fsdp --world-size 8 --gpu H100-SXM'
+    '"text_tokens": 512}\' --batch 2 --sharding fsdp --world-size 8 --gpu H100-SXM\n'
+    "  tokenbucket cost --lerobot-policy smolvla --batch 32 --cameras 2 --gpu H100-SXM"
 )
 
 
@@ -59,9 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     _add_model_flags(parser, with_config=True)
     add_staged_flags(parser)
+    add_lerobot_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_lerobot(args):
+        return run_lerobot(args)
+    refuse_lerobot_flags(args)
     if is_staged(args):
         return _run_staged(args)
     refuse_staged_flags(args, extra=("sample",))

@@ -159,6 +159,20 @@ class LeRobotPolicy:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} should be a positive integer value, but got {name}={value!r}")
+        for name in ("num_expert_layers", "self_attn_every_n_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{name} should be an integer value, but got {name}={value!r}")
+        for name in ("freeze_vision_encoder", "train_expert_only", "load_vlm_weights", "train_state_proj"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} should be true or false, but got {name}={getattr(self, name)!r}")
+        m = self.expert_width_multiplier
+        if not isinstance(m, (int, float)) or isinstance(m, bool) or not 0 < m < float("inf"):
+            raise ConfigError(f"expert_width_multiplier should be a positive number, but got {m!r}")
+        if self.attention_mode not in ("cross_attn", "self_attn"):
+            raise ConfigError(
+                f"attention_mode should be 'cross_attn' or 'self_attn', but got attention_mode={self.attention_mode!r}"
+            )
 
     @classmethod
     def preset(cls, name: str, **changes: object) -> LeRobotPolicy:
@@ -447,6 +461,15 @@ class LeRobotPolicy:
         forward = static["weights"] + static["optimizer"] + activations
         step = static["weights"] + 2 * static["gradients"] + static["optimizer"]
         return {"peak_bytes": max(forward, step), "activations": activations, **static}
+
+    def max_batch(self, budget_bytes: int, *, cameras: int = 3, text_tokens: int = 48) -> int:
+        """The largest batch whose :meth:`memory` peak fits ``budget_bytes`` (0: not even one sample)."""
+        if self.memory(1, cameras=cameras, text_tokens=text_tokens)["peak_bytes"] > budget_bytes:
+            return 0
+        static = self.static_bytes()
+        per_sample = self.activation_bytes(cameras=cameras, text_tokens=text_tokens)
+        # the optimizer step does not grow with the batch; the end of forward does, linearly
+        return max(1, (budget_bytes - static["weights"] - static["optimizer"]) // per_sample)
 
     def dtype_split(self, *, trainable: bool = False) -> dict[str, int]:
         """Parameters per dtype (only the trainable ones with ``trainable``)."""
