@@ -74,3 +74,22 @@ def test_examples_plan_lerobot_plans_every_frame(tmp_path: Path, lerobot_dir: st
     assert sum(b.samples for b in plan.buckets) == 300 + 450 + 120 + 600  # one sample per frame
     # 480x640 at patch 14 -> 35 x 46 patches, merged 2x2 -> 18 x 23; 2 cameras x 3 frames; 1 state; 50 actions
     assert plan.buckets[-1].bound >= 2 * 3 * 18 * 23 + 1 + 50 > plan.buckets[-1].bound - 64
+
+
+def test_examples_plan_lerobot_policy_prints_the_library_s_largest_batches(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    from tokenbucket.cost.gpus import get_gpu, gpu_budget_bytes
+    from tokenbucket.cost.lerobot_policy import LeRobotPolicy
+
+    spec = importlib.util.spec_from_file_location("plan_lerobot_policy", ROOT / "examples" / "plan_lerobot_policy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main()
+    out = capsys.readouterr().out
+    budget = gpu_budget_bytes(get_gpu("H100-SXM"))
+    smolvla = [LeRobotPolicy.preset("smolvla").max_batch(budget, cameras=c) for c in (1, 2, 3)]
+    line = next(row for row in out.splitlines() if row.startswith("smolvla  expert only (default)"))
+    assert line.split()[-3:] == [str(b) for b in smolvla]
+    assert len([row for row in out.splitlines() if row.split()[0] in ("pi0", "pi05", "smolvla")]) == 9
