@@ -414,10 +414,13 @@ class LeRobotPolicy:
         vlm_on = not self.train_expert_only
         rope = 2 * 128
         total = 0
+        experts = layers if self.num_expert_layers <= 0 else self.num_expert_layers
+        every = layers // experts  # get_model_layers: the expert runs beside every `every`-th VLM layer
         for i in range(layers):
             # the last layer's weights require grad too (set_requires_grad's names miss them)
             # though no loss reads its prefix output: its prefix branch keeps what a trained one does
             trained = vlm_on
+            expert = every <= 0 or i % every == 0
             joint = "cross" not in self.attention_mode or (
                 self.self_attn_every_n_layers > 0 and i % self.self_attn_every_n_layers == 0
             )
@@ -425,6 +428,10 @@ class LeRobotPolicy:
                 total += prefix * (8 * d + 8 * d + 8 * f)
             else:
                 total += prefix * (4 * d + 4 * d + 6 * f)
+            if not expert:  # the prefix alone attends to itself
+                total += prefix * (4 * q + 4 * q + 2 * q) + 6 * heads * prefix * prefix + 2 * prefix * rope
+                total += prefix * 2 * q if trained else 0
+                continue
             total += suffix * (8 * w + 8 * w + 8 * ffn)  # the expert trains
             if joint:
                 total += tokens * (4 * q + 4 * q + 2 * q + 2 * q) + 6 * heads * tokens * tokens
