@@ -25,6 +25,11 @@ Example:
     4335264
     >>> pi0.static_bytes()["optimizer"]  # AdamW's states, bf16 where the parameter is
     12550072000
+    >>> smolvla = LeRobotPolicy.preset("smolvla")  # the expert trains, the VLM is frozen
+    >>> smolvla.memory(8, cameras=3, text_tokens=48)["peak_bytes"]
+    3725626728
+    >>> smolvla.max_batch(40 * 2**30, cameras=3)  # the largest batch within 40 GiB
+    138
 """
 
 from __future__ import annotations
