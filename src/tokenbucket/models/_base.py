@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
-__all__ = ["Family", "Inputs", "Shape", "VisionInputs", "check_image_size", "rule_json", "token_ids"]
+__all__ = ["Family", "Inputs", "Shape", "VisionInputs", "check_image_size", "fixed_square", "rule_json", "token_ids"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,12 @@ class Family:
         """The image size a planner's worst case assumes (NOTE [ The worst sample of a length ])."""
         raise AssertionError(f"family {self.name!r} has a vision tower but no default_image")
 
+    def tower_square(self, cfg: HFConfig) -> tuple[int, int]:
+        """The tower's ``image_size`` square: the worst image of a family that resizes every
+        image to it (:meth:`default_image` of LLaVA-1.5, PaliGemma, Gemma 3)."""
+        side = self.vision_int(cfg, "image_size")
+        return side, side
+
     # -- stages ---------------------------------------------------------------------------------
 
     def vision_towers(self, cfg: HFConfig) -> tuple[VisionTower, ...]:
@@ -188,6 +194,13 @@ class Family:
         image tokens placed); the caller adds ``labels``. ``tconfig`` is the transformers config,
         ``dtype`` the pixels' torch dtype (NOTE [ Families defer torch ])."""
         raise ConfigError(f"model family {self.name!r} has no measured mode yet: price it with cost --hf-config")
+
+
+def fixed_square(rule: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`~tokenbucket.tokens.spec.CameraSpec` fields of a rule that resizes every image
+    to a ``side`` square of ``tokens`` LLM tokens over ``patch``-pixel patches."""
+    side = int(rule["side"])
+    return {"patch": rule["patch"], "resize": "fixed", "fixed_size": (side, side), "tokens_per_frame": rule["tokens"]}
 
 
 def token_ids(shape: Shape, image_tokens: int) -> Any:

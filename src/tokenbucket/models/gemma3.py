@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
+from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, fixed_square, token_ids
 from tokenbucket.models._hf_json import HFConfig, is_side
 from tokenbucket.models._stages import Projector, VisionTower, vit_tower
 from tokenbucket.models.llava import VIT_DEFAULTS, image_token
@@ -118,17 +118,10 @@ class Gemma3(Family):
         rule = self.image_rule(cfg)
         if rule["pan_and_scan"]:
             return None  # the size decides the crops: the rule itself (resize="model")
-        side = int(rule["side"])
-        return {
-            "patch": rule["patch"],
-            "resize": "fixed",
-            "fixed_size": (side, side),
-            "tokens_per_frame": rule["tokens"],
-        }
+        return fixed_square(rule)
 
     def default_image(self, cfg: HFConfig) -> tuple[int, int]:
-        side = self.vision_int(cfg, "image_size")
-        return side, side
+        return self.tower_square(cfg)
 
     def vision_towers(self, cfg: HFConfig) -> tuple[VisionTower, ...]:
         table, where = self.vision_section(cfg)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
+from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, fixed_square, token_ids
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models._stages import Projector, VisionTower, vit_tower
 
@@ -69,17 +69,10 @@ class Llava(Family):
 
     def spec_fields(self, cfg: HFConfig) -> dict[str, Any] | None:
         rule = self.image_rule(cfg)
-        side = int(rule["side"])
-        return {
-            "patch": rule["patch"],
-            "resize": "fixed",
-            "fixed_size": (side, side),
-            "tokens_per_frame": rule["tokens"],
-        }
+        return fixed_square(rule)
 
     def default_image(self, cfg: HFConfig) -> tuple[int, int]:
-        side = self.vision_int(cfg, "image_size")
-        return side, side
+        return self.tower_square(cfg)
 
     def vision_towers(self, cfg: HFConfig) -> tuple[VisionTower, ...]:
         table, where = self.vision_section(cfg)

@@ -53,8 +53,7 @@ class PaliGemma(Family):
         return {"patch": rule["patch"], "resize": "fixed", "fixed_size": (rule["side"], rule["side"])}
 
     def default_image(self, cfg: HFConfig) -> tuple[int, int]:
-        side = self.vision_int(cfg, "image_size")
-        return side, side
+        return self.tower_square(cfg)
 
     def vision_towers(self, cfg: HFConfig) -> tuple[VisionTower, ...]:
         table, where = self.vision_section(cfg)
