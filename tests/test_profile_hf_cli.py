@@ -153,7 +153,7 @@ def test_profile_hf_grid_then_plan_from_it_stays_under_budget(
     for name, extra in (("analytic", []), ("profile", ["--profile", str(prof)])):
         out_path = tmp_path / f"{name}.parquet"
         code, out, err = cli(capsys, "plan", str(meta), "--hf-config", str(tiny_vl), "--gpu", "H100-SXM",
-                             "--max-buckets", "6", "--vision-share", "0.9", "--on-oversize", "reject",
+                             "--max-buckets", "4", "--vision-share", "0.9", "--on-oversize", "reject",
                              "--out", str(out_path), "--json", *extra)  # fmt: skip
         assert code == 0, err
         plans[name] = json.loads(out)
@@ -167,7 +167,7 @@ def test_profile_hf_grid_then_plan_from_it_stays_under_budget(
     # the analytic plan's bucket bounds as the grid: the profiled plan can take the very same bounds
     bounded = tmp_path / "bounds.json"
     code, _, err = cli(capsys, "profile", "--hf-config", str(tiny_vl), "--bounds-of", str(tmp_path / "analytic.parquet"),
-                       "--batch", "4", "--vision-share", "0.9", "--save", str(bounded), "--quiet")  # fmt: skip
+                       "--batch", "2", "--vision-share", "0.9", "--save", str(bounded), "--quiet")  # fmt: skip
     assert code == 0, err
     assert {p[1] for p in Profile.load(bounded).points} == {b["bound"] for b in plans["analytic"]["buckets"]}
     footer = load_manifest(tmp_path / "profile.parquet").meta["meta"]
