@@ -7,27 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tokenbucket.cli.main import main
+from tests.test_cli_errors import cli, one_line_error
 from tokenbucket.cost.gpus import get_gpu, gpu_budget_bytes
 from tokenbucket.cost.lerobot_policy import LeRobotPolicy
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's usage errors
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def one_line_error(err: str, *names: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert "Traceback" not in err
-    assert len(lines) == 1 or (len(lines) == 2 and lines[0].startswith("usage:")), err
-    for name in names:
-        assert name in lines[-1], (name, lines[-1])
-    return lines[-1]
 
 
 def test_cost_lerobot_policy_from_a_config_folder_equals_the_library(
