@@ -120,26 +120,38 @@ def test_cost_unsupported_config_names_the_file_and_the_supported_types(
 
 
 def test_ledger_worked_example_for_qwen2_vl_2b(capsys: pytest.CaptureFixture[str]) -> None:
-    """The design document's sample, 4 cameras x 16 frames at 448 px, on Qwen2-VL-2B: the vision
-    tower holds more activation memory than the backbone."""
-    sample = '{"cameras": 4, "frames": 16, "height": 448, "width": 448}'
-    code, out, err = cli(capsys, "ledger", "--preset", "qwen2-vl-2b", "--sample", sample, "--json")
-    assert code == 0, err
-    led = json.loads(out)
-    assert led["tokens"] == {
-        "images": 64,
-        "tower_passes": 64,
-        "patches_per_pass": 1024,
-        "image_tokens": 16384,
-        "text_tokens": 0,
-        "llm_tokens": 16384,
-    }
-    stages = led["stages"]
-    assert stages["vision"]["activations"] > stages["backbone"]["activations"] > 0
-    assert sum(led["params_by_stage"].values()) == StagedModel.preset("qwen2-vl-2b").params
-    code, text, err = cli(capsys, "ledger", "--preset", "qwen2-vl-2b", "--sample", sample)
-    assert code == 0 and "16,384 image tokens" in text and "vision" in text
-    code, _, err = cli(capsys, "ledger", "--preset", "qwen2-vl-2b", "--sample", sample, "--whatif", "frames=32")
+    """The design document's sample, 4 cameras x 16 frames at 448 px, on Qwen2-VL-2B, as the
+    video processor feeds it (4 clips: frame pairs merge, 4 x 8 x 256 = 8,192 LLM tokens) and as
+    64 stills (16,384): the vision tower holds more activation memory than the backbone both ways."""
+    video = '{"videos": 4, "frames": 16, "height": 448, "width": 448}'
+    stills = '{"images": 64, "height": 448, "width": 448}'
+    got = {}
+    for name, sample in (("video", video), ("stills", stills)):
+        code, out, err = cli(capsys, "ledger", "--preset", "qwen2-vl-2b", "--sample", sample, "--json")
+        assert code == 0, err
+        got[name] = json.loads(out)
+    assert got["video"]["tokens"] == {
+        "images": 0, "videos": 4, "frames": 16, "tower_passes": 32, "patches_per_pass": 1024,
+        "image_tokens": 8192, "text_tokens": 0, "llm_tokens": 8192,
+    }  # fmt: skip
+    assert got["stills"]["tokens"] == {
+        "images": 64, "videos": 0, "frames": 0, "tower_passes": 64, "patches_per_pass": 1024,
+        "image_tokens": 16384, "text_tokens": 0, "llm_tokens": 16384,
+    }  # fmt: skip
+    for led in got.values():
+        stages = led["stages"]
+        assert stages["vision"]["activations"] > stages["backbone"]["activations"] > 0
+        assert sum(led["params_by_stage"].values()) == StagedModel.preset("qwen2-vl-2b").params
+    # half the tokens and half the tower passes: the clip's peak is well under the stills'
+    assert got["video"]["peak_bytes"] < 0.75 * got["stills"]["peak_bytes"]
+    cameras = video.replace('"videos"', '"cameras"')  # one clip per camera: the same sample
+    code, out, err = cli(capsys, "ledger", "--preset", "qwen2-vl-2b", "--sample", cameras, "--json")
+    assert code == 0 and json.loads(out)["tokens"] == got["video"]["tokens"]
+    code, text, err = cli(capsys, "ledger", "--preset", "qwen2-vl-2b", "--sample", video)
+    assert code == 0 and "4 videos of 16 frames" in text and "8,192 image tokens" in text and "vision" in text
+    code, text, err = cli(capsys, "ledger", "--preset", "qwen2-vl-2b", "--sample", stills)
+    assert code == 0 and "64 images" in text and "16,384 image tokens" in text
+    code, _, err = cli(capsys, "ledger", "--preset", "qwen2-vl-2b", "--sample", video, "--whatif", "frames=32")
     assert code == 2
     one_line_error(err, "--whatif")
 

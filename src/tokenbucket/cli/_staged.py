@@ -33,7 +33,7 @@ __all__ = [
     "staged_token_spec",
 ]
 
-SAMPLE_KEYS = ("images", "cameras", "frames", "height", "width", "text_tokens")
+SAMPLE_KEYS = ("images", "videos", "cameras", "frames", "fps", "height", "width", "text_tokens")
 
 
 def add_staged_flags(p: argparse.ArgumentParser) -> None:
@@ -197,25 +197,35 @@ def _as_flags(message: str) -> str:
 
 
 def sample_from_args(text: str) -> Sample:
-    """``--sample``'s JSON object as a :class:`Sample` (images or cameras x frames, H, W, text tokens)."""
+    """``--sample``'s JSON object as a :class:`Sample`: ``images``, or ``videos`` (or ``cameras``,
+    the same: one clip per camera) x ``frames`` with an optional source ``fps``; H, W, text tokens.
+    A clip goes through the family's video path (NOTE [ Frames are images ])."""
     data = _json_object_arg(text, "--sample")
     unknown = sorted(set(data) - set(SAMPLE_KEYS))
     if unknown:
         raise UsageError(f"--sample has unknown keys {unknown}; a staged model reads {list(SAMPLE_KEYS)}")
     for key, value in data.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if key == "fps":
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+                raise UsageError(f"--sample fps should be a positive number, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise UsageError(f"--sample {key} should be a non-negative integer, got {value!r}")
     try:
-        if "cameras" in data or "frames" in data:
+        if "videos" in data or "cameras" in data or "frames" in data:
             if "images" in data:
-                raise UsageError("--sample gives images and cameras x frames: give one")
+                raise UsageError("--sample gives images and videos x frames: give one")
+            if "videos" in data and "cameras" in data:
+                raise UsageError("--sample gives videos and cameras (the same count): give one")
             return Sample.video(
-                cameras=data.get("cameras", 1),
+                cameras=data.get("videos", data.get("cameras", 1)),
                 frames=data.get("frames", 1),
                 height=data.get("height", 0),
                 width=data.get("width", 0),
                 text_tokens=data.get("text_tokens", 0),
+                fps=data.get("fps"),
             )
+        if "fps" in data:
+            raise UsageError("--sample fps is the videos' frame rate: give videos and frames with it")
         return Sample(**data)
     except ConfigError as exc:
         raise UsageError(f"--sample: {exc}") from None

@@ -96,14 +96,17 @@ def _run_staged(args: argparse.Namespace) -> int:
         raise UsageError("--whatif changes the block model's knobs; with --hf-config, run the ledger per variant")
     cost = staged_cost_from_args(args)
     sample = sample_from_args(args.sample)
-    vi = cost.vision_inputs(sample)
+    vi = cost.sample_vision(sample)
     est = cost.memory(args.batch, sample)
     out = staged_json(cost, est, None, sample)
+    clips = cost.clips(sample)
     tokens = {
-        "images": sample.images,
-        "tower_passes": vi.tower_images * sample.images,
+        "images": sample.images if not sample.videos or clips else sample.videos * sample.frames,
+        "videos": sample.videos if clips else 0,
+        "frames": sample.frames if clips else 0,
+        "tower_passes": vi.tower_images,
         "patches_per_pass": vi.patches_per_image,
-        "image_tokens": vi.llm_tokens * sample.images,
+        "image_tokens": vi.llm_tokens,
         "text_tokens": sample.text_tokens,
         "llm_tokens": est.seq_len,
     }
@@ -112,8 +115,13 @@ def _run_staged(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
+    what = (
+        f"{sample.videos} videos of {sample.frames} frames"
+        if clips
+        else f"{tokens['images']} images" + (" (video frames as images)" if sample.videos else "")
+    )
     print(
-        f"one sample: {sample.images} images of {sample.height}x{sample.width} -> {tokens['tower_passes']:,} vision "
+        f"one sample: {what} of {sample.height}x{sample.width} -> {tokens['tower_passes']:,} vision "
         f"passes of {vi.patches_per_image:,} patches -> {tokens['image_tokens']:,} image tokens + "
         f"{sample.text_tokens:,} text = {est.seq_len:,} LLM tokens"
     )

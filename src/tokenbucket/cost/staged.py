@@ -45,12 +45,14 @@ import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from tokenbucket import models
 from tokenbucket._exceptions import ConfigError
 from tokenbucket._search import grow_then_bisect
 from tokenbucket.cost._stage_units import BF16, Unit, build_units
 from tokenbucket.cost.gpus import GPU, get_gpu
 from tokenbucket.cost.hf_model import StagedModel, staged_from_config
 from tokenbucket.cost.model import _positive
+from tokenbucket.models._base import check_frames
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.tokens.hf import VisionInputs, vision_inputs
 
@@ -139,28 +141,53 @@ class TrainSetup:
 
 @dataclass(frozen=True, kw_only=True)
 class Sample:
-    """One training sample's shape: ``images`` images of ``height x width`` and ``text_tokens`` tokens.
+    """One training sample's shape: ``images`` images, or ``videos`` clips of ``frames`` frames
+    each, of ``height x width``, and ``text_tokens`` tokens.
 
-    A video is ``cameras x frames`` images (:meth:`video`). ``height``/``width`` are ignored
-    (and may be 0) when ``images`` is 0.
+    A clip reaches a family with a video path through its video processor (NOTE [ Frames are
+    images ]); elsewhere, and for a one-frame clip, its frames are images. ``fps``: the clips' own
+    frame rate, which a video processor that samples frames reads (``None``: not known).
+    ``height``/``width`` are ignored (and may be 0) when the sample holds no image or clip.
     """
 
     images: int = 0
     height: int = 0
     width: int = 0
     text_tokens: int = 0
+    videos: int = 0
+    frames: int = 0
+    fps: float | None = None
 
     def __post_init__(self) -> None:
         _positive("images", self.images, 0)
         _positive("text_tokens", self.text_tokens, 0)
-        minimum = 1 if self.images else 0
+        _positive("videos", self.videos, 0)
+        _positive("frames", self.frames, 1 if self.videos else 0)
+        if self.images and self.videos:
+            raise ConfigError(
+                f"a sample should hold images or videos, not both, but got images={self.images}, videos={self.videos}"
+            )
+        if self.frames and not self.videos:
+            raise ConfigError("frames counts the frames of each video: it needs videos >= 1, but got videos=0")
+        if self.fps is not None:
+            check_frames(1, self.fps)
+        minimum = 1 if self.images or self.videos else 0
         _positive("height", self.height, minimum)
         _positive("width", self.width, minimum)
-        if self.images == 0 and self.text_tokens == 0:
-            raise ConfigError("a sample should hold at least one image or text token, but got images=0, text_tokens=0")
+        if self.images == 0 and self.videos == 0 and self.text_tokens == 0:
+            raise ConfigError("a sample should hold at least one image, video or text token, but got none")
 
     @classmethod
-    def video(cls, *, cameras: int, frames: int, height: int, width: int, text_tokens: int = 0) -> Sample:
+    def video(
+        cls, *, cameras: int, frames: int, height: int, width: int, text_tokens: int = 0, fps: float | None = None
+    ) -> Sample:
+        """``cameras`` streams of ``frames`` frames each, every stream one clip."""
+        _positive("cameras", cameras)
+        _positive("frames", frames)
+        return cls(videos=cameras, frames=frames, height=height, width=width, text_tokens=text_tokens, fps=fps)
+
+    @classmethod
+    def stills(cls, *, cameras: int, frames: int, height: int, width: int, text_tokens: int = 0) -> Sample:
         """``cameras`` streams of ``frames`` frames each, every frame one image."""
         _positive("cameras", cameras)
         _positive("frames", frames)
@@ -236,26 +263,46 @@ class StagedCostModel:
     def __repr__(self) -> str:
         return f"StagedCostModel({self.model.name!r}, {self.setup!r})"
 
+    def clips(self, sample: Sample) -> bool:
+        """Whether ``sample``'s videos reach the model as clips (NOTE [ Frames are images ])."""
+        if not sample.videos or sample.frames < 2 or self.config is None or not self.model.vision:
+            return False
+        return models.of(self.config).has_video
+
+    def sample_vision(self, sample: Sample) -> VisionInputs:
+        """The whole sample's vision: tower passes, patches per pass and LLM tokens, summed over
+        its images or clips."""
+        vi = self.vision_inputs(sample)
+        n = sample.images or (sample.videos if self.clips(sample) else sample.videos * sample.frames)
+        return VisionInputs(vi.tower_images * n, vi.patches_per_image, vi.llm_tokens * n)
+
     def vision_inputs(self, sample: Sample) -> VisionInputs:
-        """Tower passes, patches per pass and LLM tokens of one of ``sample``'s images."""
-        if not sample.images or not self.model.vision:
+        """Tower passes, patches per pass and LLM tokens of one of ``sample``'s images or clips
+        (of one frame, where a video's frames are images)."""
+        if not (sample.images or sample.videos) or not self.model.vision:
             return VisionInputs(0, 0, 0)
+        if self.clips(sample):
+            assert self.config is not None  # clips() checks it
+            return models.of(self.config).clip_inputs(
+                self.config, sample.frames, sample.height, sample.width, sample.fps
+            )
         if self.config is None:
             tower = self.model.vision[0]
             if tower.tokens_per_image is None:
                 raise AssertionError("a dynamic-resolution tower needs its config")
             side = tower.image_size or tower.patch
             return VisionInputs(1, tower.tokens_per_image, (side // tower.patch) ** 2)
-        return vision_inputs(self.config, sample.height, sample.width, sample.images)
+        images = sample.images or sample.videos * sample.frames
+        return vision_inputs(self.config, sample.height, sample.width, images)
 
     def units(self, batch: int, sample: Sample) -> list[Unit]:
         """The step's units in forward order (see :mod:`tokenbucket.cost._stage_units`)."""
         _positive("batch", batch)
-        vi = self.vision_inputs(sample)
+        vi = self.sample_vision(sample)
         s = self.setup
         return build_units(
-            self.model, batch=batch, tower_images=vi.tower_images * sample.images, patches=vi.patches_per_image,
-            llm_image_tokens=vi.llm_tokens * sample.images, seq_len=vi.llm_tokens * sample.images + sample.text_tokens,
+            self.model, batch=batch, tower_images=vi.tower_images, patches=vi.patches_per_image,
+            llm_image_tokens=vi.llm_tokens, seq_len=vi.llm_tokens + sample.text_tokens,
             train=s.train, lora_rank=s.lora_rank, backbone_checkpointing=s.backbone_checkpointing == "full",
             vision_checkpointing=s.vision_checkpointing == "full", gathered=s.weight_shards > 1,
         )  # fmt: skip
@@ -267,8 +314,7 @@ class StagedCostModel:
         if not isinstance(sample, Sample):
             raise ConfigError(f"sample should be a Sample, but got {type(sample).__name__}")
         units = self.units(batch, sample)
-        vi = self.vision_inputs(sample)
-        seq_len = vi.llm_tokens * sample.images + sample.text_tokens
+        seq_len = self.sample_vision(sample).llm_tokens + sample.text_tokens
         phase, live = _walk(units, self.setup, steady=not first_step, held=self.held_bytes(batch, seq_len))
         stages = {st: {it: int(live.get((st, it), 0)) for it in STAGE_ITEMS} for st in STAGES}
         return StagedEstimate(

@@ -195,8 +195,8 @@ class StagedLengthModel:
         """Training FLOPs of one step on one rank (NOTE [ Staged FLOPs ])."""
         sample = self.sample(length, vision)
         model, setup = self.cost.model, self.cost.setup
-        vi = self.cost.vision_inputs(sample)
-        seq = vi.llm_tokens * sample.images + sample.text_tokens
+        vi = self.cost.sample_vision(sample)
+        seq = vi.llm_tokens + sample.text_tokens
         spec, b = model.backbone, batch
         d_attn = spec.heads * model.head_dim
         per_layer = 4 * b * seq * seq * d_attn
@@ -207,12 +207,12 @@ class StagedLengthModel:
         training_attention = int((back + 0.5) * attention) + ckpt * attention
         training = (back + ckpt) * dense + training_attention
         forward = dense + attention
-        passes = b * vi.tower_images * sample.images
+        passes = b * vi.tower_images
         if passes:
             tokens = passes * vi.patches_per_image
             v_dense = sum(2 * tokens * t.layers * t.layer_params for t in model.vision)
             v_attn = sum(t.layers * 4 * passes * vi.patches_per_image**2 * t.hidden for t in model.vision)
-            v_dense += 2 * b * vi.llm_tokens * sample.images * (model.projector.params if model.projector else 0)
+            v_dense += 2 * b * vi.llm_tokens * (model.projector.params if model.projector else 0)
             trains = setup.train == "full"
             v_ckpt = int(trains and setup.vision_checkpointing == "full")
             forward += v_dense + v_attn

@@ -20,11 +20,11 @@ from functools import cache
 from typing import Any
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.models._base import Family, VisionInputs, check_image_size
+from tokenbucket.models._base import Family, VisionInputs, check_frames, check_image_size
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models._registry import MODULES
 
-__all__ = ["MODULES", "SUPPORTED_MODEL_TYPES", "Family", "VisionInputs", "family", "of", "rule_inputs"]
+__all__ = ["MODULES", "SUPPORTED_MODEL_TYPES", "Family", "VisionInputs", "clip_inputs", "family", "of", "rule_inputs"]
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(MODULES))
 
@@ -53,3 +53,13 @@ def rule_inputs(rule: str, height: int, width: int) -> VisionInputs:
     check_image_size(height, width)
     params: dict[str, Any] = json.loads(rule)
     return _load(str(params.pop("family"))).rule_inputs(params, height, width)
+
+
+def clip_inputs(rule: str, frames: int, height: int, width: int, fps: float | None = None) -> VisionInputs:
+    """One clip of ``frames`` frames of ``height x width`` under a :class:`TokenSpec`'s
+    ``video_rule`` (the family's name and its video rule's parameters, as JSON); ``fps``: the
+    clip's own frame rate, read by a rule that samples frames."""
+    check_image_size(height, width)
+    check_frames(frames, fps)
+    params: dict[str, Any] = json.loads(rule)
+    return _load(str(params.pop("family"))).clip_rule_inputs(params, frames, height, width, fps)

@@ -24,17 +24,36 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
-__all__ = ["Family", "Inputs", "Shape", "VisionInputs", "check_image_size", "fixed_square", "rule_json", "token_ids"]
+__all__ = [
+    "Family",
+    "Inputs",
+    "Shape",
+    "VisionInputs",
+    "check_frames",
+    "check_image_size",
+    "fixed_square",
+    "rule_json",
+    "token_ids",
+]
 
 
 @dataclass(frozen=True)
 class VisionInputs:
-    """What one image becomes: ``tower_images`` tower passes of ``patches_per_image`` tokens each,
-    and ``llm_tokens`` LLM positions (NOTE [ HF image tokens ])."""
+    """What one image (or one video clip, :meth:`Family.clip_inputs`) becomes: ``tower_images``
+    tower passes of ``patches_per_image`` tokens each, and ``llm_tokens`` LLM positions
+    (NOTE [ HF image tokens ])."""
 
     tower_images: int
     patches_per_image: int
     llm_tokens: int
+
+
+def check_frames(frames: object, fps: object = None) -> None:
+    """A clip's frame count (a positive integer) and its source ``fps`` (``None`` or a positive number)."""
+    if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
+        raise ConfigError(f"frames should be a positive integer, but got frames={frames!r}")
+    if fps is not None and (isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps < float("inf")):
+        raise ConfigError(f"fps should be a positive number, but got fps={fps!r}")
 
 
 def check_image_size(height: object, width: object) -> None:
@@ -79,6 +98,8 @@ class Family:
         variable_tokens: an image's LLM tokens depend on its size (``False``: a fixed square).
         bidirectional_images: an image's tokens attend both ways within the image, so the text
             attention runs under an explicit mask (Gemma 3's ``token_type_ids``).
+        video_processor: the ``transformers`` video processor class of a family with a video
+            path (``None``: a camera's frames reach the model as images, NOTE [ Frames are images ]).
     """
 
     name: ClassVar[str] = ""
@@ -92,10 +113,15 @@ class Family:
     flat_text: ClassVar[bool] = False
     variable_tokens: ClassVar[bool] = True
     bidirectional_images: ClassVar[bool] = False
+    video_processor: ClassVar[str | None] = None
 
     @property
     def has_vision(self) -> bool:
         return self.vision_attr is not None
+
+    @property
+    def has_video(self) -> bool:
+        return self.video_processor is not None
 
     def vision_section(self, cfg: HFConfig) -> tuple[dict[str, Any], str]:
         """``vision_config`` with its ``model_type`` filled in (``absent_vision``'s when the config
@@ -147,6 +173,31 @@ class Family:
         if isinstance(images, bool) or not isinstance(images, int) or images < 1:
             raise ConfigError(f"images should be a positive integer, but got images={images!r}")
         return self.sample_rule_inputs(self.image_rule(cfg), height, width, images)
+
+    def video_rule(self, cfg: HFConfig) -> dict[str, Any]:
+        """The parameters of the per-clip token rule, read from the video processor's keys
+        (:attr:`HFConfig.video_keys`) with the video processor class's defaults (JSON-friendly;
+        :meth:`clip_rule_inputs` takes them). A family without a video path refuses."""
+        raise ConfigError(
+            f"config.json {cfg.path!r}: model_type {cfg.model_type!r} has no video path; feed its frames as images"
+        )
+
+    def clip_rule_inputs(
+        self, rule: Mapping[str, Any], frames: int, height: int, width: int, fps: float | None = None
+    ) -> VisionInputs:
+        """Exactly what the video processor makes of one clip of ``frames`` frames of
+        ``height x width`` under ``rule``: ``tower_images`` tower passes of ``patches_per_image``
+        each and ``llm_tokens`` LLM positions for the whole clip. ``fps``: the clip's own frame
+        rate, which a rule that samples frames reads (``None``: the frames are fed as they are)."""
+        raise AssertionError(f"family {self.name!r} has no video path")
+
+    def clip_inputs(
+        self, cfg: HFConfig, frames: int, height: int, width: int, fps: float | None = None
+    ) -> VisionInputs:
+        """:meth:`clip_rule_inputs` under ``cfg``'s video rule."""
+        check_image_size(height, width)
+        check_frames(frames, fps)
+        return self.clip_rule_inputs(self.video_rule(cfg), frames, height, width, fps)
 
     def spec_fields(self, cfg: HFConfig) -> dict[str, Any] | None:
         """The :class:`~tokenbucket.tokens.spec.CameraSpec` fields of a native rule that is exact

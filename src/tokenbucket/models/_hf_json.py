@@ -24,11 +24,23 @@ LAYER_KEYS = ("num_hidden_layers", "depth")  # NOTE [ Layer counts are bounded ]
 
 @dataclass(frozen=True)
 class HFConfig:
-    """A parsed ``config.json`` (``path``) and its ``preprocessor_config.json`` (``{}`` when absent)."""
+    """A parsed ``config.json`` (``path``), its ``preprocessor_config.json`` (``{}`` when absent)
+    and its ``video_preprocessor_config.json`` (``video``; ``None`` when absent: transformers'
+    video processor then reads ``preprocessor_config.json``, :attr:`video_keys`)."""
 
     path: str
     config: dict[str, Any]
     preprocessor: dict[str, Any] = field(default_factory=dict)
+    video: dict[str, Any] | None = None
+
+    @property
+    def video_keys(self) -> tuple[dict[str, Any], str]:
+        """The table a family's video processor reads, and its file's name: the
+        ``video_preprocessor_config.json`` when there is one, else ``preprocessor_config.json``
+        (what ``AutoVideoProcessor.from_pretrained`` falls back to for older checkpoints)."""
+        if self.video is not None:
+            return self.video, "video_preprocessor_config.json"
+        return self.preprocessor, "preprocessor_config.json"
 
     @property
     def model_type(self) -> str:
@@ -116,7 +128,8 @@ def _read_json(path: Path, label: str) -> dict[str, Any]:
 
 
 def read_hf_config(path: str | Path | HFConfig) -> HFConfig:
-    """Read ``config.json`` (a file, or a directory holding one) and a sibling ``preprocessor_config.json``."""
+    """Read ``config.json`` (a file, or a directory holding one) and a sibling
+    ``preprocessor_config.json`` and ``video_preprocessor_config.json``."""
     if isinstance(path, HFConfig):
         return path
     p = Path(path)
@@ -124,4 +137,6 @@ def read_hf_config(path: str | Path | HFConfig) -> HFConfig:
     config = _read_json(config_path, "config.json")
     pre_path = config_path.parent / "preprocessor_config.json"
     pre = _read_json(pre_path, "preprocessor_config.json") if pre_path.is_file() else {}
-    return HFConfig(str(config_path), config, pre)
+    video_path = config_path.parent / "video_preprocessor_config.json"
+    video = _read_json(video_path, "video_preprocessor_config.json") if video_path.is_file() else None
+    return HFConfig(str(config_path), config, pre, video)

@@ -133,7 +133,7 @@ class LlavaOnevision(Family):
 
     def vision_towers(self, cfg: HFConfig) -> tuple[VisionTower, ...]:
         if "vision_feature_layer" not in cfg.config:  # LlavaOnevisionConfig's default: the last block
-            cfg = HFConfig(cfg.path, {**cfg.config, "vision_feature_layer": -1}, cfg.preprocessor)
+            cfg = HFConfig(cfg.path, {**cfg.config, "vision_feature_layer": -1}, cfg.preprocessor, cfg.video)
         table, where = self.vision_section(cfg)
         return (vit_tower(cfg, table, where, self.vision_types[str(table["model_type"])], reads_hidden=True),)
 

@@ -28,9 +28,18 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
-__all__ = ["FAMILY", "QWEN2_VL_PIXELS", "Qwen2VL", "rope_positions", "smart_resize"]
+__all__ = ["FAMILY", "QWEN2_VL_PIXELS", "QWEN2_VL_VIDEO", "Qwen2VL", "rope_positions", "smart_resize"]
 
 QWEN2_VL_PIXELS = (56 * 56, 28 * 28 * 1280)  # Qwen2VLImageProcessor: (min_pixels, max_pixels)
+# Qwen2VLVideoProcessor's class defaults (Qwen2.5-VL's processor uses the same class)
+QWEN2_VL_VIDEO: dict[str, Any] = {
+    "min_pixels": 128 * 28 * 28, "max_pixels": 28 * 28 * 768, "patch": 14, "temporal": 2, "merge": 2,
+    "sample": False, "fps": None, "num_frames": None, "min_frames": 4, "max_frames": 768, "cap": False,
+    "max_video_tokens": 128000,
+}  # fmt: skip
+# the video processor's key -> its name in QWEN2_VL_VIDEO
+_VIDEO_KEYS = {"patch_size": "patch", "merge_size": "merge", "temporal_patch_size": "temporal",
+               "do_sample_frames": "sample", "cap_pixels_per_frame": "cap"}  # fmt: skip
 _TOWERS: dict[str, dict[str, Any]] = {
     "qwen2_vl_vision": {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "mlp_ratio": 4, "num_heads": 16,
                         "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
@@ -55,6 +64,23 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return hb, wb
 
 
+# NOTE [ Qwen video clips ]
+# A clip reaches Qwen2-VL / Qwen2.5-VL / Qwen3-VL through the video processor (transformers'
+# Qwen2VLVideoProcessor / Qwen3VLVideoProcessor), whose keys video_rule reads:
+# - sampling (do_sample_frames; off for Qwen2-VL, on at fps=2 for Qwen3-VL): num_frames rounded
+#   to the temporal patch, or frames / clip fps * fps clamped to [min_frames, max_frames]; a
+#   Qwen3-VL clip whose fps is not known is taken at 24 fps, as its processor does;
+# - resize: Qwen2-VL's smart_resize per frame in [min_pixels, max_pixels] (its video defaults,
+#   128..768 merged patches per frame); Qwen3-VL's bounds hold for the whole clip (frames
+#   rounded to the temporal patch times the frame area); cap_pixels_per_frame shares a budget;
+# - time: the frames are padded to a multiple of temporal_patch_size by repeating the last one,
+#   and each pair merges: video_grid_thw = (ceil(frames / 2), rows, cols).
+# The tower attends within one temporal slice (its cu_seqlens repeat rows x cols per slice), so a
+# clip is ceil(frames / 2) tower passes of rows x cols patches, and rows x cols / 4 LLM tokens
+# per slice. Qwen3-VL's processor also writes a timestamp ("<0.5 seconds>") before each slice:
+# text tokens, which depend on the tokenizer and are left to the sample's text count.
+
+
 class Qwen2VL(Family):
     name = "qwen2_vl"
     model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl", "qwen2_5_vl")
@@ -64,6 +90,7 @@ class Qwen2VL(Family):
     vision_types = _TOWERS
     absent_vision = {"qwen2_vl": {"model_type": "qwen2_vl_vision"}, "qwen2_5_vl": {"model_type": "qwen2_5_vl_vision"}}
     flat_text = True
+    video_processor = "Qwen2VLVideoProcessor"
     # (min_pixels, max_pixels) when preprocessor_config.json sets neither
     default_pixels: ClassVar[tuple[int, int]] = QWEN2_VL_PIXELS
 
@@ -112,6 +139,104 @@ class Qwen2VL(Family):
         gh, gw = self.grid(rule, height, width)
         merge = int(rule["merge"])
         return VisionInputs(1, gh * gw, gh * gw // (merge * merge))
+
+    # -- video (NOTE [ Qwen video clips ]) ----------------------------------------------------------
+
+    def video_defaults(self) -> dict[str, Any]:
+        return QWEN2_VL_VIDEO
+
+    def video_rule(self, cfg: HFConfig) -> dict[str, Any]:
+        table, name = cfg.video_keys
+        d = self.video_defaults()
+        where = f"{name} next to {cfg.path!r}"
+        size = table.get("size")
+        size = size if isinstance(size, dict) else {}
+
+        def key(name: str) -> object:
+            return table.get(name) if table.get(name) is not None else d[_VIDEO_KEYS.get(name, name)]
+
+        def count(name: str, value: object) -> int:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where}: {name} should be a positive integer, but got {value!r}")
+            return value
+
+        def rate(name: str, value: object) -> float | None:
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf")
+            ):
+                raise ConfigError(f"{where}: {name} should be a positive number, but got {value!r}")
+            return value
+
+        lo = count(
+            "min_pixels", table.get("min_pixels", size.get("shortest_edge", size.get("min_pixels", d["min_pixels"])))
+        )
+        hi = count(
+            "max_pixels", table.get("max_pixels", size.get("longest_edge", size.get("max_pixels", d["max_pixels"])))
+        )
+        patch, merge = count("patch_size", key("patch_size")), count("merge_size", key("merge_size"))
+        frames = key("num_frames")
+        rule: dict[str, Any] = {
+            "patch": patch, "merge": merge, "temporal": count("temporal_patch_size", key("temporal_patch_size")),
+            "min_pixels": lo, "max_pixels": hi, "sample": bool(key("do_sample_frames")), "fps": rate("fps", key("fps")),
+            "num_frames": None if frames is None else count("num_frames", frames),
+            "min_frames": count("min_frames", key("min_frames")), "max_frames": count("max_frames", key("max_frames")),
+            "cap": bool(key("cap_pixels_per_frame")),
+            "max_video_tokens": count("max_video_tokens", key("max_video_tokens")),
+        }  # fmt: skip
+        if rule["sample"] and rule["fps"] is not None and rule["num_frames"] is not None:
+            raise ConfigError(f"{where}: fps and num_frames are mutually exclusive, but both are set")
+        factor = patch * merge
+        if hi < factor * factor:
+            raise ConfigError(
+                f"{where}: max_pixels should hold at least one merged patch ({factor * factor} pixels), but got {hi}"
+            )
+        if lo > hi:
+            raise ConfigError(f"{where}: min_pixels should be <= max_pixels={hi}, but got min_pixels={lo}")
+        return rule
+
+    def sampled_frames(self, rule: Mapping[str, Any], frames: int, fps: float | None) -> int:
+        """How many of a clip's ``frames`` frames the video processor keeps (``sample_frames``)."""
+        if not rule["sample"]:
+            return frames
+        t = int(rule["temporal"])
+        if rule["num_frames"] is not None:
+            n: float = round(int(rule["num_frames"]) / t) * t
+        elif rule["fps"] is not None:
+            if fps is None:
+                raise ConfigError(
+                    "this video processor samples frames at a target fps, which needs each clip's own fps "
+                    "(an fps column / --sample fps), but got none"
+                )
+            top = math.floor(min(int(rule["max_frames"]), frames) / t) * t
+            n = min(max(frames / fps * float(rule["fps"]), int(rule["min_frames"])), top, frames)
+            n = math.floor(n / t) * t
+        else:
+            return frames
+        if n > frames or n < 1:
+            raise ConfigError(
+                f"a clip of {frames} frames cannot be sampled to {int(n)} frames (the video processor's rule)"
+            )
+        return math.ceil(frames / (frames / n))  # len(torch.arange(0, frames, frames / n))
+
+    def clip_grid(self, rule: Mapping[str, Any], frames: int, height: int, width: int) -> tuple[int, int, int]:
+        """``video_grid_thw`` of a clip of ``frames`` (sampled) frames: temporal groups and the
+        pre-merge patch rows and columns."""
+        patch, merge, t = int(rule["patch"]), int(rule["merge"]), int(rule["temporal"])
+        factor = patch * merge
+        if min(height, width) < factor:
+            raise ConfigError(f"a video frame of {height}x{width} is smaller than one merged patch ({factor} px)")
+        hi = int(rule["max_pixels"])
+        if rule["cap"]:
+            total = int(int(rule["max_video_tokens"]) * factor * factor * 0.9)
+            hi = max(min(hi, total * t // frames), int(int(rule["min_pixels"]) * 1.05))
+        hb, wb = smart_resize(height, width, factor, int(rule["min_pixels"]), hi)
+        return -(-frames // t), hb // patch, wb // patch
+
+    def clip_rule_inputs(
+        self, rule: Mapping[str, Any], frames: int, height: int, width: int, fps: float | None = None
+    ) -> VisionInputs:
+        gt, gh, gw = self.clip_grid(rule, self.sampled_frames(rule, frames, fps), height, width)
+        return VisionInputs(gt, gh * gw, gt * gh * gw // int(rule["merge"]) ** 2)
 
     def spec_fields(self, cfg: HFConfig) -> dict[str, Any] | None:
         rule = self.image_rule(cfg)

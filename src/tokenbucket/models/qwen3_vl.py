@@ -20,6 +20,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from tokenbucket._exceptions import ConfigError
@@ -27,9 +29,43 @@ from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models._stages import Projector, VisionTower
 from tokenbucket.models.qwen2_vl import Qwen2VL
 
-__all__ = ["FAMILY", "QWEN3_VL_PIXELS", "Qwen3VL"]
+__all__ = ["FAMILY", "QWEN3_VL_PIXELS", "QWEN3_VL_VIDEO", "Qwen3VL", "clip_resize"]
 
 QWEN3_VL_PIXELS = (65536, 16777216)  # the published preprocessor_config.json's size: (shortest, longest)_edge
+# Qwen3VLVideoProcessor's class defaults: its pixel bounds hold for a whole clip, not one frame
+QWEN3_VL_VIDEO: dict[str, Any] = {
+    "min_pixels": 128 * 32 * 32, "max_pixels": 32 * 32 * 768, "patch": 16, "temporal": 2, "merge": 2,
+    "sample": True, "fps": 2, "num_frames": None, "min_frames": 4, "max_frames": 768, "cap": False,
+    "max_video_tokens": 768,
+}  # fmt: skip
+ASSUMED_FPS = 24  # what Qwen3VLVideoProcessor.sample_frames assumes of a clip whose fps it is not told
+
+
+def clip_resize(
+    frames: int, height: int, width: int, temporal: int, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """Qwen3-VL's video ``smart_resize``: both sides multiples of ``factor``, the clip's pixels
+    (frames rounded to ``temporal``) brought into ``[min_pixels, max_pixels]``."""
+    if frames < temporal:
+        raise ConfigError(
+            f"a Qwen3-VL clip needs at least {temporal} frames (its temporal patch), but got frames={frames}"
+        )
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    hb, wb = round(height / factor) * factor, round(width / factor) * factor
+    tb = round(frames / temporal) * temporal
+    if tb * hb * wb > max_pixels:
+        beta = math.sqrt(frames * height * width / max_pixels)
+        hb = max(factor, math.floor(height / beta / factor) * factor)
+        wb = max(factor, math.floor(width / beta / factor) * factor)
+    elif tb * hb * wb < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
+        hb = math.ceil(height * beta / factor) * factor
+        wb = math.ceil(width * beta / factor) * factor
+    return hb, wb
+
+
 _TOWERS: dict[str, dict[str, Any]] = {
     "qwen3_vl_vision": {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
                         "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
@@ -48,6 +84,32 @@ class Qwen3VL(Qwen2VL):
     absent_vision = {"qwen3_vl": {"model_type": "qwen3_vl_vision"}}
     flat_text = False
     default_pixels = QWEN3_VL_PIXELS
+    video_processor = "Qwen3VLVideoProcessor"
+
+    def video_defaults(self) -> dict[str, Any]:
+        return QWEN3_VL_VIDEO
+
+    def sampled_frames(self, rule: Mapping[str, Any], frames: int, fps: float | None) -> int:
+        if not rule["sample"]:
+            return frames
+        if rule["num_frames"] is not None:
+            n = int(rule["num_frames"])
+        elif rule["fps"] is not None:
+            n = int(frames / (ASSUMED_FPS if fps is None else fps) * float(rule["fps"]))
+            n = min(max(n, int(rule["min_frames"])), int(rule["max_frames"]), frames)
+        else:
+            n = min(max(frames, int(rule["min_frames"])), int(rule["max_frames"]))
+        return n  # np.linspace(0, frames - 1, n): n indices, repeats allowed
+
+    def clip_grid(self, rule: Mapping[str, Any], frames: int, height: int, width: int) -> tuple[int, int, int]:
+        patch, merge, t = int(rule["patch"]), int(rule["merge"]), int(rule["temporal"])
+        factor = patch * merge
+        lo, hi = int(rule["min_pixels"]), int(rule["max_pixels"])
+        if rule["cap"]:
+            per_frame = max(min(int(rule["max_video_tokens"]) * factor * factor, hi // frames), int(lo * 1.05))
+            hi = per_frame * frames
+        hb, wb = clip_resize(frames, height, width, t, factor, lo, hi)
+        return -(-frames // t), hb // patch, wb // patch
 
     def deepstack(self, cfg: HFConfig, layers: int) -> int:
         """How many DeepStack mergers the tower builds (one per ``deepstack_visual_indexes`` entry)."""

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from tokenbucket._exceptions import ConfigError
@@ -37,30 +38,59 @@ __all__ = [
 ]
 
 
-def token_spec_from_hf(path: str | Path | HFConfig) -> TokenSpec:
-    """The :class:`TokenSpec` of the model's own image processing (one image per camera frame).
+def token_spec_from_hf(
+    path: str | Path | HFConfig, *, feed: str | None = None, stills: Iterable[str] = ()
+) -> TokenSpec:
+    """The :class:`TokenSpec` of the model's own processing of each camera.
 
     NOTE [ Frames are images ]
-    A camera's frames are counted as that many images, the way a VLA hands them to the image
-    processor and the way :meth:`tokenbucket.cost.staged.Sample.video` prices them: Qwen2-VL's
-    image path repeats each image along time to fill its ``temporal_patch_size``, so an image is
-    one temporal slice. Fed as one video (``pixel_values_videos``), frame pairs merge and a clip
-    takes half the tokens; counting them as images is the safe side of that choice.
+    A camera of two frames or more reaches a family with a video path (Qwen2-VL, Qwen2.5-VL,
+    Qwen3-VL, ...) as one clip through its video processor, by default (``feed="video"``): the
+    clip's frames are sampled and resized by the video processor's keys
+    (``video_preprocessor_config.json``, else ``preprocessor_config.json``, else the class
+    defaults) and frame pairs merge along time, so a clip takes about half the tokens of its
+    frames as images. ``feed="images"`` counts every frame as one image instead, the way a VLA
+    that hands each frame to the image processor feeds them (Qwen2-VL's image path repeats an
+    image along time to fill its ``temporal_patch_size``, so an image is one temporal slice);
+    ``stills`` names the cameras fed that way while the rest are clips (a wrist camera as
+    stills, a head camera as a clip). A one-frame camera is an image either way. A family
+    without a video path always feeds images.
 
     Exact for every family: a native rule where one fits (a fixed square; Qwen2-VL's
     ``max_pixels``), else the family's own rule (``resize="model"``, NOTE [ HF image tokens ]).
     Plain decoders get a text-only spec.
+
+    Example:
+        >>> from tokenbucket.tokens.breakdown import breakdown_sample
+        >>> cfg = HFConfig("<q>", {"model_type": "qwen2_vl"})
+        >>> row = {"cameras": 4, "frames": 16, "height": 448, "width": 448}
+        >>> breakdown_sample(row, token_spec_from_hf(cfg)).vision
+        8192
+        >>> breakdown_sample(row, token_spec_from_hf(cfg, feed="images")).vision
+        16384
     """
     cfg = read_hf_config(path)
     family = of(cfg)
+    if feed not in (None, "video", "images"):
+        raise ConfigError(f"feed should be 'video' or 'images', but got feed={feed!r}")
+    if isinstance(stills, str):
+        stills = (stills,)
     none = CountRule(count=0)
     rules = {"proprio": none, "action": none, "memory": none}
     if not family.has_vision:
         return TokenSpec(patch=1, tokens_per_frame=1, **rules)  # type: ignore[arg-type]
     fields = family.spec_fields(cfg)
-    if fields is not None:
-        return TokenSpec(**fields, **rules)  # type: ignore[arg-type]
-    return TokenSpec(resize="model", image_rule=rule_json(family.name, family.image_rule(cfg)), **rules)  # type: ignore[arg-type]
+    if fields is None:
+        fields = {"resize": "model", "image_rule": rule_json(family.name, family.image_rule(cfg))}
+    if family.has_video and feed != "images":
+        fields = {**fields, "feed": "video", "video_rule": rule_json(family.name, family.video_rule(cfg))}
+        overrides = {str(name): {"feed": "images"} for name in stills}
+        return TokenSpec(**fields, overrides=overrides, **rules)  # type: ignore[arg-type]
+    if feed == "video":
+        raise ConfigError(
+            f"config.json {cfg.path!r}: model_type {cfg.model_type!r} has no video path; use feed='images'"
+        )
+    return TokenSpec(**fields, **rules)  # type: ignore[arg-type]
 
 
 # NOTE [ HF image tokens ]

@@ -26,7 +26,7 @@ from typing import Any, Literal, cast
 from tokenbucket import _values as V
 from tokenbucket._config import load_toml_section
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.models import rule_inputs
+from tokenbucket.models import clip_inputs, rule_inputs
 from tokenbucket.models._registry import MODULES
 from tokenbucket.models.qwen2_vl import smart_resize
 
@@ -34,6 +34,8 @@ __all__ = ["TOKEN_PRESETS", "CameraSpec", "ColumnMap", "CountRule", "TokenSpec"]
 
 Resize = Literal["pad", "crop", "fixed", "max_pixels", "model"]
 RESIZE_POLICIES: tuple[str, ...] = ("pad", "crop", "fixed", "max_pixels", "model")
+Feed = Literal["images", "video"]
+FEEDS: tuple[str, ...] = ("images", "video")
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
@@ -86,6 +88,12 @@ class CameraSpec:
         special_per_camera: special tokens per camera (begin/end of image, ...).
         image_rule: for ``resize="model"``, the family and its rule's parameters as JSON
             (:func:`tokenbucket.models.rule_inputs` reads it).
+        feed: how a camera of two or more frames reaches the model: ``"images"`` (every frame
+            one image, the fields above) or ``"video"`` (one clip through the family's video
+            processor, ``video_rule``). A one-frame camera is an image either way
+            (NOTE [ Frames are images ]).
+        video_rule: the family's video rule as JSON (:func:`tokenbucket.models.clip_inputs`
+            reads it); needed by ``feed="video"``.
     """
 
     patch: int = 14
@@ -100,9 +108,17 @@ class CameraSpec:
     special_per_frame: int = 0
     special_per_camera: int = 0
     image_rule: str | None = None
+    feed: Feed = "images"
+    video_rule: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("patch", self.patch, 1, V.MAX_SIDE)
+        if self.feed not in FEEDS:
+            raise ConfigError(f"feed should be one of {list(FEEDS)}, but got feed={self.feed!r}")
+        if self.video_rule is not None:
+            _check_rule(self.video_rule, "video_rule")
+        if self.feed == "video" and self.video_rule is None:
+            raise ConfigError('feed="video" needs video_rule (a family\'s video rule as JSON), but got video_rule=None')
         _check_int("merge", self.merge, 1, V.MAX_SIDE)
         _check_int("tubelet", self.tubelet, 1, V.MAX_FRAMES)
         _check_int("special_per_frame", self.special_per_frame, 0, V.MAX_TOKENS)
@@ -155,8 +171,8 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _check_rule(rule: object) -> None:
-    """A ``resize="model"`` rule: JSON naming a known family (its parameters are the family's)."""
+def _check_rule(rule: object, name: str = "image_rule") -> None:
+    """A ``resize="model"`` rule or a ``video_rule``: JSON naming a known family (its parameters are the family's)."""
     if not isinstance(rule, str):
         raise ConfigError(f'resize="model" needs image_rule (a family\'s rule as JSON), but got image_rule={rule!r}')
     try:
@@ -164,7 +180,7 @@ def _check_rule(rule: object) -> None:
     except ValueError:
         params = None
     if not isinstance(params, dict) or params.get("family") not in set(MODULES.values()):
-        raise ConfigError(f"image_rule should be JSON naming a model family, but got image_rule={rule!r:.120}")
+        raise ConfigError(f"{name} should be JSON naming a model family, but got {name}={rule!r:.120}")
 
 
 def _smart_resize(cs: CameraSpec, h: int, w: int) -> tuple[int, int]:
@@ -207,7 +223,12 @@ def _temporal_py(cs: CameraSpec, frames: int) -> int:
 
 def _camera_py(cs: CameraSpec, frames: int, h: int, w: int) -> tuple[int, int, int, str | None]:
     """One camera's ``(temporal, spatial, tokens, too_small)``; ``too_small`` names the side
-    ("height"/"width") a crop leaves no patch of, and the counts are then 0."""
+    ("height"/"width") a crop leaves no patch of, and the counts are then 0. A clip
+    (``feed="video"``, two frames or more) has ``temporal`` groups of ``spatial`` tokens."""
+    if cs.feed == "video" and frames > 1:
+        clip = clip_inputs(str(cs.video_rule), frames, h, w)
+        temporal, spatial = clip.tower_images, clip.llm_tokens // clip.tower_images
+        return temporal, spatial, temporal * (spatial + cs.special_per_frame) + cs.special_per_camera, None
     if cs.tokens_per_frame is not None:
         spatial, small = cs.tokens_per_frame, None
     else:

@@ -1,0 +1,1 @@
+"""Empty: transformers imports ``torchvision.io`` for decoding, which the oracle never does."""
