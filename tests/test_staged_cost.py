@@ -146,7 +146,7 @@ def test_train_setup_bad_field_raises_naming_it(kwargs: dict[str, Any], message:
     [
         ({"images": -1, "text_tokens": 3}, "images should be an integer >= 0, but got images=-1"),
         ({"images": 1, "height": 0, "width": 4}, "height should be a positive integer, but got height=0"),
-        ({"images": 0, "text_tokens": 0}, "at least one image or text token"),
+        ({"images": 0, "text_tokens": 0}, "at least one image, video or text token"),
         ({"text_tokens": 2.5}, "text_tokens should be an integer >= 0, but got text_tokens=2.5"),
     ],
 )
@@ -156,10 +156,38 @@ def test_sample_bad_field_raises_naming_it(kwargs: dict[str, Any], message: str)
     assert message in str(info.value)
 
 
-def test_sample_video_is_cameras_times_frames() -> None:
-    assert Sample.video(cameras=3, frames=4, height=224, width=224, text_tokens=8).images == 12
+def test_sample_video_is_one_clip_per_camera_and_stills_one_image_per_frame() -> None:
+    clip = Sample.video(cameras=3, frames=4, height=224, width=224, text_tokens=8)
+    assert (clip.videos, clip.frames, clip.images) == (3, 4, 0)
+    assert repr(clip) == "Sample(images=0, height=224, width=224, text_tokens=8, videos=3, frames=4)"
+    assert Sample.stills(cameras=3, frames=4, height=224, width=224, text_tokens=8).images == 12
     with pytest.raises(ConfigError, match="frames should be a positive integer, but got frames=0"):
         Sample.video(cameras=1, frames=0, height=224, width=224)
+    with pytest.raises(ConfigError, match="images or videos, not both"):
+        Sample(images=1, videos=1, frames=2, height=224, width=224)
+    with pytest.raises(ConfigError, match="frames counts the frames of each video"):
+        Sample(frames=2, height=224, width=224, text_tokens=1)
+    with pytest.raises(ConfigError, match="fps should be a positive number"):
+        Sample.video(cameras=1, frames=2, height=224, width=224, fps=0)
+
+
+def test_staged_cost_prices_a_clip_on_its_temporal_patches_and_stills_per_frame() -> None:
+    """Qwen2-VL: a 16-frame clip is 8 tower passes and half the LLM tokens of its 16 frames as
+    images; a one-frame clip is an image; a family without a video path prices frames as images."""
+    cost = StagedCostModel(StagedModel.preset("qwen2-vl-2b"))
+    clip = Sample.video(cameras=2, frames=16, height=448, width=448, text_tokens=64)
+    stills = Sample.stills(cameras=2, frames=16, height=448, width=448, text_tokens=64)
+    vc, vs = cost.sample_vision(clip), cost.sample_vision(stills)
+    assert (vc.tower_images, vc.patches_per_image, vc.llm_tokens) == (16, 1024, 4096)
+    assert (vs.tower_images, vs.patches_per_image, vs.llm_tokens) == (32, 1024, 8192)
+    assert cost.memory(1, clip).seq_len == 4096 + 64
+    assert cost.memory(2, clip).peak_bytes < cost.memory(2, stills).peak_bytes
+    one = Sample.video(cameras=2, frames=1, height=448, width=448, text_tokens=64)
+    assert not cost.clips(one) and cost.sample_vision(one) == cost.sample_vision(
+        Sample(images=2, height=448, width=448)
+    )
+    llava = StagedCostModel(StagedModel.preset("llava-1.5-7b"))
+    assert not llava.clips(clip) and llava.memory(1, clip).seq_len == llava.memory(1, stills).seq_len
 
 
 def test_staged_cost_model_bad_arguments_raise() -> None:

@@ -177,6 +177,12 @@ class Sample:
         if self.images == 0 and self.videos == 0 and self.text_tokens == 0:
             raise ConfigError("a sample should hold at least one image, video or text token, but got none")
 
+    def __repr__(self) -> str:  # the video fields only when set
+        shown = ["images", "height", "width", "text_tokens"] + [
+            k for k in ("videos", "frames", "fps") if getattr(self, k) not in (0, None)
+        ]
+        return f"Sample({', '.join(f'{k}={getattr(self, k)!r}' for k in shown)})"
+
     @classmethod
     def video(
         cls, *, cameras: int, frames: int, height: int, width: int, text_tokens: int = 0, fps: float | None = None

@@ -11,7 +11,9 @@ from torchvision.transforms import InterpolationMode
 __all__ = ["InterpolationMode", "crop", "grayscale_to_rgb", "normalize", "pad", "resize", "to_dtype", "to_tensor"]
 
 
-def resize(image: torch.Tensor, size: Sequence[int], interpolation: object = None, antialias: bool = True, **_: object) -> torch.Tensor:
+def resize(
+    image: torch.Tensor, size: Sequence[int], interpolation: object = None, antialias: bool = True, **_: object
+) -> torch.Tensor:
     """``image`` [..., C, H, W] resized to ``size`` (height, width): the shape is what counts."""
     lead = image.shape[:-3]
     flat = image.reshape(-1, *image.shape[-3:]).float()
