@@ -253,3 +253,63 @@ def test_plan_hf_config_ray_engine_writes_the_same_manifest(tmp_path: Path, caps
     local, ray = load_manifest(tmp_path / "local.parquet"), load_manifest(tmp_path / "ray.parquet")
     assert local.content_hash == ray.content_hash
     assert np.array_equal(local.table.column("bucket").to_numpy(), ray.table.column("bucket").to_numpy())
+
+
+def test_plan_hf_config_feeds_cameras_as_clips_or_stills(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Qwen2-VL has a video path: a camera of several frames is one clip by default (frame pairs
+    merge), every frame an image with --feed images, and the --stills cameras images among clips;
+    each manifest length is the staged cost model's own sequence for that feed."""
+    folder = qwen2_vl_dir(tmp_path)
+    rng = random.Random(3)
+    rows = [{"key": f"k{i:03d}", "cameras": rng.randint(1, 3), "frames": rng.choice([1, 3, 4, 8]),
+             "height": rng.choice([224, 336]), "width": rng.choice([224, 448]),
+             "text_tokens": rng.randint(16, 256)} for i in range(60)]  # fmt: skip
+    meta = tmp_path / "mixture.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), meta)
+    cost = StagedCostModel(load_hf_config(folder), gpu="H100-SXM", config=read_hf_config(folder))
+    totals = {}
+    for name, extra in (("video", ()), ("images", ("--feed", "images")), ("stills", ("--stills", "camera0"))):
+        out = tmp_path / f"{name}.parquet"
+        plan_json(capsys, str(meta), "--hf-config", str(folder), "--out", str(out), *extra)
+        table = load_manifest(out).table
+        totals[name] = dict(zip(table.column("key").to_pylist(), table.column("total").to_pylist(), strict=True))
+    for r in rows:
+        shape = {k: r[k] for k in ("frames", "height", "width", "text_tokens")}
+        clip = cost.memory(1, Sample.video(cameras=r["cameras"], **shape)).seq_len
+        stills = cost.memory(1, Sample.stills(cameras=r["cameras"], **shape)).seq_len
+        assert totals["video"][r["key"]] == clip and totals["images"][r["key"]] == stills
+        first = cost.memory(1, Sample.stills(cameras=1, **shape)).seq_len - r["text_tokens"]
+        rest = (
+            cost.memory(1, Sample.video(cameras=r["cameras"] - 1, **shape)).seq_len
+            if r["cameras"] > 1
+            else r["text_tokens"]
+        )
+        assert totals["stills"][r["key"]] == first + rest
+        # a one-frame camera is an image either way; Qwen2-VL's video min_pixels (128 merged
+        # patches a frame) lifts small frames, so a clip is not always the cheaper feed
+        assert (clip == stills) == (r["frames"] == 1)
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (("--preset", "design-24L-1024", "--feed", "images"), ("--feed", "--hf-config")),
+        (("--hf-config", "QWEN", "--stills", " , "), ("--stills", "CAM")),
+        (("--hf-config", "QWEN", "--feed", "images", "--stills", "wrist"), ("--stills", "--feed images")),
+        (("--hf-config", "LLAVA", "--feed", "video"), ("--feed video", "no video path")),
+    ],
+)
+def test_plan_feed_flags_mistakes_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: tuple[str, ...], words: tuple[str, ...]
+) -> None:
+    meta, _ = metadata(tmp_path, n=8)
+    llava = tmp_path / "llava"
+    llava.mkdir()
+    (llava / "config.json").write_text(json.dumps({"model_type": "llava"}))
+    qwen = str(qwen2_vl_dir(tmp_path))
+    argv = [a.replace("QWEN", qwen).replace("LLAVA", str(llava)) for a in extra]
+    before = snapshot(tmp_path)
+    code, out, err = cli(capsys, "plan", str(meta), *argv, "--gpu", "H100-SXM", "--out", str(tmp_path / "m.parquet"))
+    assert code == 2 and out == ""
+    one_line_error(err, *words)
+    assert snapshot(tmp_path) == before

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import hashlib
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,11 +151,17 @@ def staged_cost_from_args(args: argparse.Namespace) -> StagedCostModel:
     return StagedCostModel(model, setup, gpu, config=config)
 
 
-def staged_token_spec(cost: StagedCostModel) -> TokenSpec:
-    """The token spec of a staged model: :func:`token_spec_from_hf` of its config, or for a
-    preset without one (fixed-size towers) every frame at the tower's square, text only."""
+def staged_token_spec(cost: StagedCostModel, feed: str | None = None, stills: Sequence[str] = ()) -> TokenSpec:
+    """The token spec of a staged model: :func:`token_spec_from_hf` of its config (``feed``,
+    ``stills``: NOTE [ Frames are images ]), or for a preset without one (fixed-size towers)
+    every frame at the tower's square, text only."""
     if cost.config is not None:
-        return token_spec_from_hf(cost.config)
+        try:
+            return token_spec_from_hf(cost.config, feed=feed, stills=stills)
+        except ConfigError as exc:
+            raise UsageError(f"--feed {feed}: {exc}") from None
+    if feed is not None or stills:
+        raise UsageError(f"--feed / --stills read the model's video processor: {cost.model.name!r} has no config")
     zero = CountRule(count=0)
     if not cost.model.vision:
         return TokenSpec(patch=1, tokens_per_frame=1, proprio=zero, action=zero, memory=zero)

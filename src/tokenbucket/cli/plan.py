@@ -190,6 +190,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tokens, in [0, 1]; each bucket is priced as a sample of that many image tokens (whole images), the "
         "rest text. Default: measured, the largest vision/total over the metadata's samples",
     )
+    parser.add_argument(
+        "--feed",
+        choices=["video", "images"],
+        help="with --hf-config: how a camera of two frames or more reaches the model: video (default for a family "
+        "with a video path: one clip through its video processor, frame pairs merged) or images (every frame one "
+        "image, the way a VLA hands frames to the image processor)",
+    )
+    parser.add_argument(
+        "--stills",
+        metavar="CAM[,CAM]",
+        help="with --hf-config: the cameras fed as images while the others are clips (e.g. a wrist camera)",
+    )
 
 
 def _flag(name: str) -> str:
@@ -210,7 +222,12 @@ def _staged_spec(args: argparse.Namespace, cost: StagedCostModel) -> TokenSpec:
     if given:
         source = "--hf-config" if args.hf_config is not None else f"--preset {args.preset}"
         raise UsageError(f"{', '.join(given)} describe the token spec, which follows from {source}: drop them")
-    data = staged_token_spec(cost).to_dict()
+    stills = [n.strip() for n in (args.stills or "").split(",") if n.strip()]
+    if args.stills is not None and not stills:
+        raise UsageError(f"--stills should name cameras (CAM[,CAM]), but got {args.stills!r}")
+    if stills and args.feed == "images":
+        raise UsageError("--stills names the cameras fed as images among clips; with --feed images all are: drop one")
+    data = staged_token_spec(cost, feed=args.feed, stills=stills).to_dict()
     data.update({m: getattr(args, m) for m in ("text", "proprio", "action", "memory") if getattr(args, m) is not None})
     if args.camera_names:
         data["camera_names"] = [n.strip() for n in args.camera_names.split(",") if n.strip()]
@@ -406,7 +423,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"give either METADATA or --lerobot DATASET, not both (got METADATA {args.metadata})")
     staged = is_staged(args)
     if not staged:
-        refuse_staged_flags(args, extra=("vision_share",))
+        refuse_staged_flags(args, extra=("vision_share", "feed", "stills"))
     elif args.profile is not None and args.hf_config is None:
         raise UsageError(
             f"--profile with a staged model needs its config.json (--hf-config DIR): a --preset {args.preset} "
