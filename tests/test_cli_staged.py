@@ -42,6 +42,26 @@ def test_cost_hf_config_json_is_the_library_estimate_per_stage(
     assert got["stages"]["vision"]["activations"] > 0 and got["stages"]["head_loss"]["activations"] > 0
 
 
+def test_cost_hf_config_video_sample_is_the_library_estimate_of_its_clips(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--sample '{"videos": N, "frames": F, ...}'``: N clips through Qwen2-VL's video path; the
+    JSON keeps peak_bytes and the LLM tokens (frame pairs merged: 2 x 8 x 256 + text)."""
+    folder = qwen2_vl_dir(tmp_path)
+    video = '{"videos": 2, "frames": 16, "height": 448, "width": 448, "text_tokens": 100}'
+    code, out, err = cli(capsys, "cost", "--hf-config", str(folder), "--sample", video, "--batch", "2", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    lib = StagedCostModel(load_hf_config(folder), config=read_hf_config(folder))
+    want = lib.memory(2, Sample(videos=2, frames=16, height=448, width=448, text_tokens=100))
+    assert got["peak_bytes"] == want.peak_bytes and got["seq_len"] == 2 * 8 * 256 + 100
+    stills = '{"images": 32, "height": 448, "width": 448, "text_tokens": 100}'
+    code, out, err = cli(capsys, "cost", "--hf-config", str(folder), "--sample", stills, "--batch", "2", "--json")
+    assert (
+        code == 0 and json.loads(out)["seq_len"] == 32 * 256 + 100 and json.loads(out)["peak_bytes"] > got["peak_bytes"]
+    )
+
+
 def test_cost_training_flags_move_the_peak_the_right_way(capsys: pytest.CaptureFixture[str]) -> None:
     def peak(*flags: str) -> int:
         code, out, err = cli(  # batch 4: activations, not the optimizer step, make the peak
@@ -97,6 +117,36 @@ def test_cost_staged_with_a_gpu_says_whether_it_fits(capsys: pytest.CaptureFixtu
             ["--qkv-layout", "--hf-config"],
         ),
         (["--batch", "1"], ["--length"]),
+        (
+            ["--preset", "qwen2-vl-2b", "--batch", "1", "--sample", '{"images": 2, "videos": 1, "frames": 4}'],
+            ["--sample", "images", "videos"],
+        ),
+        (
+            ["--preset", "qwen2-vl-2b", "--batch", "1", "--sample", '{"videos": 1, "cameras": 1, "frames": 4}'],
+            ["--sample", "videos", "cameras"],
+        ),
+        (
+            [
+                "--preset",
+                "qwen2-vl-2b",
+                "--batch",
+                "1",
+                "--sample",
+                '{"images": 1, "height": 448, "width": 448, "fps": 2}',
+            ],
+            ["--sample", "fps", "videos"],
+        ),
+        (
+            [
+                "--preset",
+                "qwen2-vl-2b",
+                "--batch",
+                "1",
+                "--sample",
+                '{"videos": 1, "frames": 4, "height": 448, "width": 448, "fps": 0}',
+            ],
+            ["--sample", "fps"],
+        ),
     ],
 )
 def test_cost_staged_usage_mistakes_are_one_line_exit_2(
