@@ -16,7 +16,7 @@ import pytest
 from tokenbucket import ConfigError, OversizeError, breakdown_table, gpu_budget_bytes
 from tokenbucket.cli.main import main as cli_main
 from tokenbucket.cost.hf_model import StagedModel
-from tokenbucket.cost.staged import StagedCostModel
+from tokenbucket.cost.staged import Sample, StagedCostModel
 from tokenbucket.cost.staged_length import StagedLengthModel
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.plan.buckets import plan_buckets
@@ -238,3 +238,31 @@ def test_warm_up_hands_a_2d_bucket_its_image_token_bound(staged: StagedCostModel
     records = warm_up(lambda batch: None, plan, make_batch, order="plan")
     assert asked == [(b.batch_size, b.bound, b.vision_bound) for b in plan.buckets]
     assert [r.vision_bound for r in records] == [b.vision_bound for b in plan.buckets]
+
+
+def test_2d_buckets_count_a_clip_in_the_image_token_dimension(tmp_path: Path, staged: StagedCostModel) -> None:
+    """Qwen2-VL feeds a camera of several frames as one clip: the manifest's vision column (the
+    second dimension) is the clips' LLM tokens, each sample at or under its bucket's image-token
+    bound, and a sample fits at its bucket's batch as the clips it is (NOTE [ Frames are images ])."""
+    assert staged.config is not None
+    src = tmp_path / "meta.parquet"
+    table = mixture_tv(400, seed=6)
+    assert (table.column("frames").to_numpy() > 1).any()
+    pq.write_table(table, src)
+    build_manifest(
+        src, token_spec_from_hf(staged.config), StagedLengthModel(staged), tmp_path / "m.parquet",
+        budget_bytes=BUDGET, max_buckets=6, on_oversize="reject", two_d=True,
+    )  # fmt: skip
+    m = load_manifest(tmp_path / "m.parquet")
+    rows = {r["key"]: r for r in table.to_pylist()}
+    clips = 0
+    for key, bucket, vision in zip(*(m.table.column(c).to_pylist() for c in ("key", "bucket", "vision")), strict=True):
+        r = rows[key]
+        if not r["cameras"] or bucket < 0:
+            continue
+        sample = Sample.video(cameras=r["cameras"], frames=r["frames"], height=r["height"], width=r["width"],
+                              text_tokens=r["text_tokens"])  # fmt: skip
+        assert vision == staged.sample_vision(sample).llm_tokens <= m.plan.buckets[bucket].vision_bound
+        assert staged.memory(m.plan.buckets[bucket].batch_size, sample).peak_bytes <= BUDGET
+        clips += r["frames"] > 1
+    assert clips > 20

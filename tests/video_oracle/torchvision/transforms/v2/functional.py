@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+
 from torchvision.transforms import InterpolationMode
 
 __all__ = ["InterpolationMode", "crop", "grayscale_to_rgb", "normalize", "pad", "resize", "to_dtype", "to_tensor"]
