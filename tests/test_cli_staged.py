@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_cli_errors import cli, one_line_error, snapshot
+from tokenbucket import models
 from tokenbucket.cost.hf_model import StagedModel, load_hf_config
 from tokenbucket.cost.staged import STAGE_ITEMS, Sample, StagedCostModel, TrainSetup
 from tokenbucket.tokens.hf import read_hf_config
@@ -234,3 +235,36 @@ def test_cost_ddp_buckets_cost_the_trainable_gradients_once_more(capsys: pytest.
     sample = Sample(**json.loads(SAMPLE))
     trainable = sum(u.trainable for u in StagedCostModel(StagedModel.preset("qwen2-vl-2b"), setup).units(1, sample))
     assert peaks["view"] == peaks["none"] and peaks["ddp"] - peaks["none"] == 2 * trainable
+
+
+def test_video_processor_flag_changes_the_clip_rule_as_processor_kwargs_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--video-processor KEY=VALUE`` is ``processor(videos=..., KEY=VALUE)``: sampling a 32-frame
+    30-fps clip at 4 fps keeps 4 frames (2 temporal groups); num_frames=8 keeps 8; the clip rule
+    through the library gives the same counts; mistakes are one line."""
+    folder = qwen2_vl_dir(tmp_path)
+    sample = '{"videos": 1, "frames": 32, "height": 448, "width": 448, "fps": 30}'
+    argv = ["cost", "--hf-config", str(folder), "--batch", "1", "--sample", sample, "--json"]
+    seq = {}
+    for name, extra in (("all", ()), ("fps4", ("fps=4",)), ("eight", ("num_frames=8",))):
+        flags = [f for kv in ("do_sample_frames=true", *extra) for f in ("--video-processor", kv)]
+        code, out, err = cli(capsys, *argv, *flags)
+        assert code == 0, err
+        seq[name] = json.loads(out)["seq_len"]
+    cfg = read_hf_config(folder)
+    family = models.of(cfg)
+    for name, changes in (("fps4", {"fps": 4}), ("eight", {"num_frames": 8})):
+        changed = cfg.with_video({"do_sample_frames": True, **changes})
+        assert seq[name] == family.clip_inputs(changed, 32, 448, 448, fps=30).llm_tokens
+    assert seq == {"all": 16 * 256, "fps4": 2 * 256, "eight": 4 * 256}
+    for bad, words in (
+        ("bogus", ("--video-processor", "KEY=VALUE")),
+        ("max_pixels=-1", ("--video-processor", "max_pixels", "-1")),
+    ):
+        code, out, err = cli(capsys, *argv, "--video-processor", bad)
+        assert code == 2 and out == ""
+        one_line_error(err, *words)
+    code, _, err = cli(capsys, "cost", "--length", "64", "--batch", "1", "--video-processor", "fps=2")
+    assert code == 2
+    one_line_error(err, "--video-processor", "--hf-config")

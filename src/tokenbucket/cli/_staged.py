@@ -11,15 +11,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenbucket import models
 from tokenbucket._exceptions import ConfigError, UsageError
 from tokenbucket.cli._common import _gib, _json_object_arg, gpu_from_args, positive_int
 from tokenbucket.cost.hf_model import STAGED_PRESETS, StagedModel, staged_from_config
-from tokenbucket.cost.staged import STAGE_ITEMS, STAGES, Sample, StagedCostModel, StagedEstimate, TrainSetup
+from tokenbucket.cost.staged import (
+    STAGE_ITEMS,
+    STAGES,
+    Sample,
+    StagedCostModel,
+    StagedEstimate,
+    TrainSetup,
+)  # fmt: skip
+from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.tokens.hf import read_hf_config, token_spec_from_hf
 from tokenbucket.tokens.spec import CountRule, TokenSpec
 
@@ -44,6 +54,13 @@ def add_staged_flags(p: argparse.ArgumentParser) -> None:
         + ")"
     )
     g.add_argument("--hf-config", type=Path, metavar="DIR_OR_FILE", help="a config.json, or the folder holding it")
+    g.add_argument(
+        "--video-processor",
+        action="append",
+        metavar="KEY=VALUE",
+        help="change one of the video processor's keys, as processor(videos=..., KEY=VALUE) would (repeatable; "
+        "e.g. fps=4, num_frames=16, do_sample_frames=false, max_pixels=200704; VALUE is JSON, else a string)",
+    )
     g.add_argument(
         "--train",
         choices=["full", "frozen-vision", "lora"],
@@ -85,7 +102,7 @@ def add_staged_flags(p: argparse.ArgumentParser) -> None:
 # the training-setup flags: they price a staged model and are refused with the block model
 STAGED_ONLY = (
     "train", "lora_rank", "sharding", "world_size", "vision_checkpointing", "backbone_checkpointing",
-    "ddp_bucket_view", "loop", "use_cache",
+    "ddp_bucket_view", "loop", "use_cache", "video_processor",
 )  # fmt: skip
 
 
@@ -148,7 +165,36 @@ def staged_cost_from_args(args: argparse.Namespace) -> StagedCostModel:
     except ConfigError as exc:
         raise UsageError(_as_flags(str(exc))) from None
     gpu = gpu_from_args(args) if getattr(args, "gpu", None) is not None else None
-    return StagedCostModel(model, setup, gpu, config=config)
+    cost = StagedCostModel(model, setup, gpu, config=config)
+    if getattr(args, "video_processor", None):  # the video processor's keys, changed (not the model)
+        cost.config = _video_changed(args.video_processor, cost.config, model)
+    return cost
+
+
+def _video_changed(pairs: list[str], config: HFConfig | None, model: StagedModel) -> HFConfig:
+    """``config`` (the model's, or a preset's own) with ``--video-processor KEY=VALUE`` changes,
+    checked by the family's video rule (one line naming the flag)."""
+    changes: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--video-processor should be KEY=VALUE, but got {pair!r}")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        changes[key.strip()] = value
+    if config is None:
+        raise UsageError(f"--video-processor changes a model's video processor: {model.name!r} has no config")
+    changed = config.with_video(changes)
+    family = models.of(changed)
+    if not family.has_video:
+        raise UsageError(f"--video-processor: model_type {changed.model_type!r} has no video path")
+    try:
+        family.video_rule(changed)
+    except ConfigError as exc:
+        raise UsageError(f"--video-processor {' '.join(pairs)}: {exc}") from None
+    return changed
 
 
 def staged_token_spec(cost: StagedCostModel, feed: str | None = None, stills: Sequence[str] = ()) -> TokenSpec:

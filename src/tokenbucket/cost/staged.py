@@ -56,7 +56,9 @@ from tokenbucket.models._base import check_frames
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.tokens.hf import VisionInputs, vision_inputs
 
-__all__ = ["ERROR_BAND", "STAGES", "STAGE_ITEMS", "Sample", "StagedCostModel", "StagedEstimate", "TrainSetup"]
+__all__ = [
+    "ERROR_BAND", "STAGES", "STAGE_ITEMS", "Sample", "StagedCostModel", "StagedEstimate", "TrainSetup", "preset_config",
+]  # fmt: skip
 
 STAGES = ("vision", "projector", "backbone", "head_loss", "action_expert")
 STAGE_ITEMS = ("weights", "gradients", "optimizer", "activations", "transients", "loop")
@@ -264,7 +266,7 @@ class StagedCostModel:
         self.model = model
         self.setup = setup
         self.gpu = get_gpu(gpu) if gpu is not None else None
-        self.config = config if config is not None else _config_of(model)
+        self.config = config if config is not None else preset_config(model)
 
     def __repr__(self) -> str:
         return f"StagedCostModel({self.model.name!r}, {self.setup!r})"
@@ -350,7 +352,7 @@ class StagedCostModel:
         return grow_then_bisect(lambda b: self.fits(b, sample, budget_bytes), what="max_batch")
 
 
-def _config_of(model: StagedModel) -> HFConfig | None:
+def preset_config(model: StagedModel) -> HFConfig | None:
     """A preset's config for the image mapping (only dynamic-resolution towers need one)."""
     if model.model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
         tower = model.vision[0]

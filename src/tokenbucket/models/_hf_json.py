@@ -42,6 +42,12 @@ class HFConfig:
             return self.video, "video_preprocessor_config.json"
         return self.preprocessor, "preprocessor_config.json"
 
+    def with_video(self, changes: Mapping[str, Any]) -> HFConfig:
+        """This config with its video processor's keys changed (``processor(videos=..., **changes)``:
+        ``fps``, ``num_frames``, ``do_sample_frames``, ``min_pixels`` / ``max_pixels``, ...)."""
+        table, _ = self.video_keys
+        return HFConfig(self.path, self.config, self.preprocessor, {**table, **changes})
+
     @property
     def model_type(self) -> str:
         value = self.config.get("model_type")
