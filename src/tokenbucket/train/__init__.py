@@ -3,6 +3,8 @@
 sampler.py     BucketBatchSampler: deterministic, rank-aware, resumable batches of indices
 collate.py     TokenBucketDataset (any map-style or Hugging Face dataset) and BucketCollate (flattened tokens)
 modal.py       ModalityCollate: LeRobot / Qwen2-VL items batched by modality (stacked cameras or patches)
+_cameras.py    its camera side: images and clips matched to the metadata's cameras, stacked or in patch streams
+_patches.py    the patch streams: Qwen2-VL's patch cut, grids checked, images and videos concatenated
 shaping.py     BatchShape: a batch's bucket, padded shape, predicted peak and risk, for the collates
 _keys.py       the keys a collate does not know: stacked, padded with a mask, or listed
 batch.py       BatchInfo, Batch (.to / .pin_memory), Segment / token_layout, pad_rows: what every collate hands on
