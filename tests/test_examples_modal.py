@@ -1,5 +1,6 @@
-"""The LeRobot-shaped and Qwen2-VL-shaped examples keep working: each runs as a script, exits 0,
-trains on every sample of its in-memory dataset once an epoch, and its loss goes down."""
+"""The LeRobot-shaped, Qwen2-VL-shaped and video-clip examples keep working: each runs as a
+script, exits 0, trains on every sample of its in-memory dataset once an epoch, and its loss
+goes down."""
 
 from __future__ import annotations
 
@@ -57,3 +58,21 @@ def test_examples_lerobot_vla_train_runs_and_learns() -> None:
 def test_examples_qwen2vl_train_runs_and_learns() -> None:
     out = run_example("qwen2vl_train.py")
     check_learnt_every_sample(out, epochs=3)
+
+
+@pytest.mark.slow
+def test_examples_train_video_qwen2vl_runs_and_learns() -> None:
+    # transformers' Qwen2-VL trained on clips: the example raises if a batch's video tokens
+    # differ from what the breakdown counted for its samples, so exiting 0 says they matched
+    out = run_example("train_video_qwen2vl.py")
+    step = r"^step (\d+): bucket \d+ \[(\d+) x \d+\], (\d+) real rows, (\d+) video tokens, loss (\d+\.\d+)$"
+    steps = re.findall(step, out, re.M)
+    loss = re.search(r"^loss (\d+\.\d+) -> (\d+\.\d+) over (\d+) steps$", out, re.M)
+    assert loss is not None and steps, out
+    assert [int(s[0]) for s in steps] == list(range(1, int(loss[3]) + 1))  # every step printed its loss
+    assert all(int(s[3]) > 0 for s in steps) and float(loss[2]) < float(loss[1])
+    assert any(int(real) < int(rows) for _, rows, real, _, _ in steps)  # a bucket's last batch padded with rows
+    seen = re.search(r"^trained on (\d+) samples, (\d+) distinct of (\d+)$", out, re.M)
+    assert seen is not None, out
+    total, distinct, n = (int(g) for g in seen.groups())
+    assert distinct == n > 0 and total == 2 * n  # two epochs, every sample once in each
