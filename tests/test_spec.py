@@ -164,3 +164,9 @@ def test_token_presets_by_name_in_toml_and_their_errors(tmp_path: Path) -> None:
         TokenSpec.preset("pi-zero")
     with pytest.raises(MetadataError):  # four cameras do not fit pi0's three slots
         breakdown_sample({"cameras": 4, "frames": 1, "height": 224, "width": 224}, TokenSpec.preset("pi0"))
+
+
+@pytest.mark.parametrize("bad", [32, "224x224", (224,), (224, 0)])
+def test_spec_fixed_size_that_is_not_a_pair_is_a_config_error(bad: object) -> None:
+    with pytest.raises(ConfigError, match="fixed_size"):
+        TokenSpec(resize="fixed", fixed_size=bad)  # type: ignore[arg-type]

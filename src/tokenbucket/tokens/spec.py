@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -133,6 +133,8 @@ class CameraSpec:
         if self.tokens_per_frame is not None:
             _check_int("tokens_per_frame", self.tokens_per_frame, 1, V.MAX_TOKENS)
         if self.fixed_size is not None:
+            if isinstance(self.fixed_size, str | bytes) or not isinstance(self.fixed_size, Iterable):
+                raise ConfigError(f"fixed_size should be (height, width), but got fixed_size={self.fixed_size!r}")
             size = tuple(self.fixed_size)
             if len(size) != 2:
                 raise ConfigError(f"fixed_size should be (height, width), but got fixed_size={self.fixed_size!r}")
