@@ -9,7 +9,7 @@ model family").
 
 Example:
     >>> family("smolvlm").name, family("qwen2_5_vl").model_types
-    ('idefics3', ('qwen2_vl', 'qwen2_5_vl'))
+    ('smolvlm', ('qwen2_vl', 'qwen2_5_vl'))
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from tokenbucket._config import json_object
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.models._registry import MODULES
 
-__all__ = ["HFConfig", "is_side", "read_hf_config"]
+__all__ = ["HFConfig", "VideoKeys", "is_side", "read_hf_config"]
 
 LAYER_KEYS = ("num_hidden_layers", "depth")  # NOTE [ Layer counts are bounded ] in tokenbucket._values
 
@@ -47,6 +47,11 @@ class HFConfig:
         ``fps``, ``num_frames``, ``do_sample_frames``, ``min_pixels`` / ``max_pixels``, ...)."""
         table, _ = self.video_keys
         return HFConfig(self.path, self.config, self.preprocessor, {**table, **changes})
+
+    def video_reader(self, defaults: Mapping[str, Any]) -> VideoKeys:
+        """:attr:`video_keys` over a video processor class's ``defaults``, read with checks."""
+        table, name = self.video_keys
+        return VideoKeys(table, defaults, f"{name} next to {self.path!r}")
 
     @property
     def model_type(self) -> str:
@@ -112,6 +117,56 @@ class HFConfig:
                 f"{_dotted(where, whole_key)!r}, but got {part_key}={part}, {whole_key}={whole} "
                 f"({whole} / {part} = {whole / part:g})"
             )
+
+
+_RAW: Any = object()  # VideoKeys: "read the key's own value"
+
+
+@dataclass(frozen=True)
+class VideoKeys:
+    """A video processor's keys (``table``) over its class's ``defaults``; errors name ``where``
+    (the file). A key the table holds replaces the default even as null: transformers sets
+    every init kwarg as an attribute, ``None`` included."""
+
+    table: Mapping[str, Any]
+    defaults: Mapping[str, Any]
+    where: str
+
+    def raw(self, key: str) -> Any:
+        return self.table[key] if key in self.table else self.defaults.get(key)
+
+    def count(self, key: str, value: object = _RAW) -> int:
+        """A positive integer (``value``, else the key's)."""
+        value = self.raw(key) if value is _RAW else value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{self.where}: {key} should be a positive integer, but got {value!r}")
+        return value
+
+    def optional_count(self, key: str) -> int | None:
+        return None if self.raw(key) is None else self.count(key)
+
+    def rate(self, key: str, value: object = _RAW) -> float | None:
+        """``None`` or a positive finite number (a frame rate; ``value``, else the key's)."""
+        value = self.raw(key) if value is _RAW else value
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf")
+        ):
+            raise ConfigError(f"{self.where}: {key} should be a positive number, but got {value!r}")
+        return value
+
+    def flag(self, key: str) -> bool:
+        """``true`` / ``false`` (``null`` reads false, as the processor's ``if`` does)."""
+        value = self.raw(key)
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"{self.where}: {key} should be true or false, but got {value!r}")
+        return bool(value)
+
+    def table_of(self, key: str) -> dict[str, Any]:
+        """A sub-table such as ``size`` (a JSON object)."""
+        value = self.raw(key)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{self.where}: {key} should be an object, but got {value!r}")
+        return dict(value)
 
 
 def is_side(value: object) -> bool:

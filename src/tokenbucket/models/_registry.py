@@ -15,7 +15,7 @@ MODULES: dict[str, str] = {
     "qwen2": "decoders",
     "idefics3": "idefics3",
     "internvl": "internvl",
-    "smolvlm": "idefics3",
+    "smolvlm": "smolvlm",
     "llava": "llava",
     "llava_next": "llava_next",
     "llava_onevision": "llava_onevision",

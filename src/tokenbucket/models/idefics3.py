@@ -1,4 +1,5 @@
-"""Idefics3 and SmolVLM: a SigLIP-style tower over square tiles, pixel shuffle, a Llama backbone.
+"""Idefics3 and SmolVLM: a SigLIP-style tower over square tiles, pixel shuffle, a Llama backbone
+(SmolVLM's video path: :mod:`tokenbucket.models.smolvlm`).
 
 NOTE [ Idefics3 tiles ]
 The image processor scales the longest side to ``size.longest_edge`` (up or down; the other
@@ -9,9 +10,9 @@ tile, or a single tile when the image fits one or ``do_image_splitting`` is off.
 makes a 512 x 512 image 17 tiles (1,088 tokens) and, with splitting off, one (64): the image's
 own size decides, never a constant.
 
-Example (SmolVLM-256M's tower and processor):
+Example (SmolVLM-256M's tower and processor, which SmolVLM reads alike):
     >>> from tokenbucket.models._hf_json import HFConfig
-    >>> config = {"model_type": "smolvlm", "scale_factor": 4,
+    >>> config = {"model_type": "idefics3", "scale_factor": 4,
     ...           "vision_config": {"image_size": 512, "patch_size": 16}}
     >>> pre = {"size": {"longest_edge": 2048}, "max_image_size": {"longest_edge": 512}}
     >>> FAMILY.vision_inputs(HFConfig("<s>", config, pre), 512, 512).llm_tokens
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
 from tokenbucket.models._hf_json import HFConfig
@@ -75,12 +76,12 @@ def tiles(rule: Mapping[str, Any], height: int, width: int) -> int:
 
 class Idefics3(Family):
     name = "idefics3"
-    model_types = ("idefics3", "smolvlm")
-    hf_classes = {"idefics3": "Idefics3ForConditionalGeneration", "smolvlm": "SmolVLMForConditionalGeneration"}
+    model_types: ClassVar[tuple[str, ...]] = ("idefics3",)  # smolvlm: its subclass (tokenbucket.models.smolvlm)
+    hf_classes: ClassVar[Mapping[str, str]] = {"idefics3": "Idefics3ForConditionalGeneration"}
     vision_attr = "vision_model"
     text_type = "llama"
     vision_types = {"idefics3_vision": _TOWER, "smolvlm_vision": _TOWER}
-    absent_vision = {"idefics3": {"model_type": "idefics3_vision"}, "smolvlm": {"model_type": "smolvlm_vision"}}
+    absent_vision: ClassVar[Mapping[str, Mapping[str, Any]]] = {"idefics3": {"model_type": "idefics3_vision"}}
 
     def image_rule(self, cfg: HFConfig) -> dict[str, Any]:
         """The processor's ``size.longest_edge``, ``max_image_size.longest_edge`` (the tile),

@@ -12,6 +12,21 @@ plus one newline (730 tokens at 384 px). Under ``vision_feature_select_strategy=
 processor writes one token less per image. The rule is ``LlavaOnevisionProcessor``'s and
 ``LlavaOnevisionModel.pack_image_features``' (tests/test_family_llava_onevision.py checks both).
 
+NOTE [ LLaVA-OneVision video clips ]
+A clip reaches the model through LlavaOnevisionVideoProcessor (its keys: ``video_keys``): with
+``do_sample_frames`` on it keeps ``num_frames`` frames, or ``frames / clip fps * fps`` of them
+(at least one), else every frame; each kept frame is resized to ``size`` (384 x 384; or
+center-cropped to ``crop_size``), one tower pass of ``(384 // 14)**2`` = 729 patches (a CLIP
+tower adds its class token). The model pools each frame's 27 x 27 features bilinearly to
+``ceil(27 / 2)**2`` = 196 LLM tokens (``apply_pooling``: a tower grid ``g`` gives
+``ceil(g / 2)**2``) and appends one learned newline per clip, and ``LlavaOnevisionProcessor``
+writes as many video tokens: ``frames x 196 + 1``, whatever the feature strategy. The processor
+counts from its own ``num_image_tokens`` (``processor_config.json``), which the published
+processors set to the tower's grid; the rule reads the tower. The pooling views each frame's
+features as the tower's square, so a config whose frames reach the tower at another size (or
+whose strategy leaves a class token in) breaks the model whatever the count: the published
+configs do neither.
+
 Example (the published 0.5B/7B processors):
     >>> from tokenbucket.models._hf_json import HFConfig
     >>> cfg = HFConfig("<ov>", {"model_type": "llava_onevision"})
@@ -19,6 +34,8 @@ Example (the published 0.5B/7B processors):
     VisionInputs(tower_images=5, patches_per_image=729, llm_tokens=2929)
     >>> FAMILY.vision_inputs(cfg, 480, 640, images=2)
     VisionInputs(tower_images=1, patches_per_image=729, llm_tokens=730)
+    >>> FAMILY.clip_inputs(cfg, 8, 480, 640)
+    VisionInputs(tower_images=8, patches_per_image=729, llm_tokens=1569)
 """
 
 from __future__ import annotations
@@ -30,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
-from tokenbucket.models._hf_json import HFConfig
+from tokenbucket.models._hf_json import HFConfig, VideoKeys
 from tokenbucket.models._stages import Projector, VisionTower, vit_tower
 from tokenbucket.models.llava import VIT_DEFAULTS, image_token
 from tokenbucket.models.llava_next import best_resolution, pinpoints, unpadded
@@ -39,13 +56,47 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
-__all__ = ["FAMILY", "ONEVISION_PINPOINTS", "SIGLIP_384", "LlavaOnevision", "max_crops"]
+__all__ = [
+    "FAMILY",
+    "ONEVISION_PINPOINTS",
+    "ONEVISION_VIDEO",
+    "SIGLIP_384",
+    "LlavaOnevision",
+    "max_crops",
+    "sampled_frames",
+]
 
 # LlavaOnevisionConfig's defaults: SigLIP so400m at 384 px, 26 of its 27 blocks, no head
 SIGLIP_384 = {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304, "patch_size": 14,
               "image_size": 384, "num_hidden_layers": 26, "num_attention_heads": 16, "vision_use_head": False}  # fmt: skip
 ONEVISION_PINPOINTS = [[h, w] for h in range(384, 2305, 384) for w in range(384, 2305, 384)]
 _ANYRES_MAX = re.compile(r"anyres_max_([1-9][0-9]{0,3})")
+# LlavaOnevisionVideoProcessor's class defaults (NOTE [ LLaVA-OneVision video clips ])
+ONEVISION_VIDEO: dict[str, Any] = {
+    "size": {"height": 384, "width": 384}, "do_resize": True, "do_center_crop": None, "crop_size": None,
+    "do_sample_frames": False, "fps": None, "num_frames": None,
+}  # fmt: skip
+
+
+def sampled_frames(rule: Mapping[str, Any], frames: int, fps: float | None) -> int:
+    """How many of a clip's ``frames`` frames transformers' default ``sample_frames`` keeps:
+    ``num_frames``, or ``frames / fps * rule fps`` (at least one), or all; more than the clip
+    holds is refused, as the processor does."""
+    if not rule["sample"]:
+        return frames
+    n = rule["num_frames"]
+    if n is None and rule["fps"] is not None:
+        if fps is None:
+            raise ConfigError(
+                "this video processor samples frames at a target fps, which needs each clip's own fps "
+                "(an fps column / --sample fps), but got none"
+            )
+        n = max(1, int(frames / fps * float(rule["fps"])))
+    if n is None:
+        return frames
+    if n > frames:
+        raise ConfigError(f"a clip of {frames} frames cannot be sampled to {n} frames (the video processor's rule)")
+    return int(n)
 
 
 def max_crops(cfg: HFConfig) -> int:
@@ -78,6 +129,7 @@ class LlavaOnevision(Family):
     text_type = "qwen2"
     vision_types = VIT_DEFAULTS
     absent_vision = {"llava_onevision": SIGLIP_384}
+    video_processor = "LlavaOnevisionVideoProcessor"
 
     def image_rule(self, cfg: HFConfig) -> dict[str, Any]:
         side, patch = self.vision_int(cfg, "image_size"), self.vision_int(cfg, "patch_size")
@@ -109,6 +161,46 @@ class LlavaOnevision(Family):
             return self.rule_inputs(rule, height, width)
         grid = int(rule["side"]) // int(rule["patch"])
         return VisionInputs(1, grid * grid, grid * grid + 1 + int(rule["extra"]))  # one crop and its newline
+
+    def video_rule(self, cfg: HFConfig) -> dict[str, Any]:
+        keys = cfg.video_reader(ONEVISION_VIDEO)
+        side, patch = self.vision_int(cfg, "image_size"), self.vision_int(cfg, "patch_size")
+        table, _ = self.vision_section(cfg)
+        frame = None  # the size every frame is made; None: frames reach the tower as they come
+        if keys.flag("do_center_crop"):
+            frame = self._frame(keys, "crop_size")
+        elif keys.flag("do_resize"):
+            frame = self._frame(keys, "size")
+        rule = {
+            "grid": side // patch, "patch": patch, "class_token": table["model_type"] == "clip_vision_model",
+            "frame": frame, "sample": keys.flag("do_sample_frames"), "fps": keys.rate("fps"),
+            "num_frames": keys.optional_count("num_frames"),
+        }  # fmt: skip
+        if rule["sample"] and rule["fps"] is not None and rule["num_frames"] is not None:
+            raise ConfigError(f"{keys.where}: fps and num_frames are mutually exclusive, but both are set")
+        return rule
+
+    @staticmethod
+    def _frame(keys: VideoKeys, key: str) -> list[int]:
+        """``[height, width]`` of ``key``'s ``{"height", "width"}`` (a size that keeps the frame's
+        aspect ratio makes frames no tower square fits: refused)."""
+        size = keys.table_of(key)
+        if set(size) != {"height", "width"}:
+            raise ConfigError(
+                f"{keys.where}: {key} should be {{'height': ..., 'width': ...}} (the tower's square, which the video "
+                f"pooling views: NOTE [ LLaVA-OneVision video clips ]), but got {size!r}"
+            )
+        return [keys.count(f"{key}.height", size["height"]), keys.count(f"{key}.width", size["width"])]
+
+    def clip_rule_inputs(
+        self, rule: Mapping[str, Any], frames: int, height: int, width: int, fps: float | None = None
+    ) -> VisionInputs:
+        n = sampled_frames(rule, frames, fps)
+        fh, fw = rule["frame"] or (height, width)
+        patch = int(rule["patch"])
+        pooled = math.ceil(int(rule["grid"]) / 2) ** 2  # apply_pooling: bilinear to ceil(grid / 2) a side
+        passes = (fh // patch) * (fw // patch) + bool(rule["class_token"])
+        return VisionInputs(n, passes, n * pooled + 1)  # + the clip's newline
 
     def default_image(self, cfg: HFConfig) -> tuple[int, int]:
         """The lone image with the most tokens among those that fill a grid along one side: the

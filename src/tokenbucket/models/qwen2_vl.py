@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
-from tokenbucket.models._hf_json import HFConfig
+from tokenbucket.models._hf_json import HFConfig, VideoKeys
 from tokenbucket.models._stages import MAX_MLP_RATIO, Projector, VisionTower
 from tokenbucket.models.llava import image_token
 
@@ -28,18 +28,24 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
-__all__ = ["FAMILY", "QWEN2_VL_PIXELS", "QWEN2_VL_VIDEO", "Qwen2VL", "rope_positions", "smart_resize"]
+__all__ = [
+    "FAMILY",
+    "MAX_ASPECT",
+    "QWEN2_VL_PIXELS",
+    "QWEN2_VL_VIDEO",
+    "Qwen2VL",
+    "check_aspect",
+    "rope_positions",
+    "smart_resize",
+]
 
 QWEN2_VL_PIXELS = (56 * 56, 28 * 28 * 1280)  # Qwen2VLImageProcessor: (min_pixels, max_pixels)
 # Qwen2VLVideoProcessor's class defaults (Qwen2.5-VL's processor uses the same class)
 QWEN2_VL_VIDEO: dict[str, Any] = {
-    "min_pixels": 128 * 28 * 28, "max_pixels": 28 * 28 * 768, "patch": 14, "temporal": 2, "merge": 2,
-    "sample": False, "fps": None, "num_frames": None, "min_frames": 4, "max_frames": 768, "cap": False,
-    "max_video_tokens": 128000,
+    "size": {"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768}, "patch_size": 14,
+    "temporal_patch_size": 2, "merge_size": 2, "do_sample_frames": False, "fps": None, "num_frames": None,
+    "min_frames": 4, "max_frames": 768, "cap_pixels_per_frame": None, "max_video_tokens": 128000,
 }  # fmt: skip
-# the video processor's key -> its name in QWEN2_VL_VIDEO
-_VIDEO_KEYS = {"patch_size": "patch", "merge_size": "merge", "temporal_patch_size": "temporal",
-               "do_sample_frames": "sample", "cap_pixels_per_frame": "cap"}  # fmt: skip
 _TOWERS: dict[str, dict[str, Any]] = {
     "qwen2_vl_vision": {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "mlp_ratio": 4, "num_heads": 16,
                         "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
@@ -49,10 +55,14 @@ _TOWERS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+MAX_ASPECT = 200  # smart_resize refuses a frame whose long side is more than 200 times its short side
+
+
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Both sides rounded to multiples of ``factor``, the area brought into ``[min_pixels, max_pixels]``."""
-    hb = max(factor, round(height / factor) * factor)
-    wb = max(factor, round(width / factor) * factor)
+    """Both sides rounded to multiples of ``factor``, the area brought into ``[min_pixels, max_pixels]``
+    (a side under ``factor / 2`` rounds to 0 and the area is then scaled up, as transformers does)."""
+    hb = round(height / factor) * factor
+    wb = round(width / factor) * factor
     if hb * wb > max_pixels:
         beta = math.sqrt(height * width / max_pixels)
         hb = max(factor, math.floor(height / beta / factor) * factor)
@@ -62,6 +72,14 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
         hb = math.ceil(height * beta / factor) * factor
         wb = math.ceil(width * beta / factor) * factor
     return hb, wb
+
+
+def check_aspect(height: int, width: int) -> None:
+    """The video processors' ``smart_resize`` refuses a frame past ``MAX_ASPECT`` (one-line error)."""
+    if max(height, width) > MAX_ASPECT * min(height, width):
+        raise ConfigError(
+            f"a video frame of {height}x{width} has an aspect ratio past {MAX_ASPECT}, which the video processor refuses"
+        )
 
 
 # NOTE [ Qwen video clips ]
@@ -142,56 +160,49 @@ class Qwen2VL(Family):
 
     # -- video (NOTE [ Qwen video clips ]) ----------------------------------------------------------
 
-    def video_defaults(self) -> dict[str, Any]:
+    def video_defaults(self) -> Mapping[str, Any]:
         return QWEN2_VL_VIDEO
 
+    def video_pixels(self, keys: VideoKeys) -> tuple[int, int]:
+        """(min_pixels, max_pixels) per frame: ``size``'s shortest and longest edge (its class
+        default when absent or null; a given ``size`` replaces it whole), each replaced by a
+        non-null ``min_pixels`` / ``max_pixels`` (Qwen2VLVideoProcessor.__init__)."""
+        size = keys.defaults["size"] if keys.raw("size") is None else keys.table_of("size")
+        size = dict(size)
+        for key, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+            if keys.table.get(key) is not None:
+                size[edge] = keys.count(key)
+        return self.edges(keys, size)
+
+    def edges(self, keys: VideoKeys, size: Mapping[str, Any]) -> tuple[int, int]:
+        lo, hi = size.get("shortest_edge"), size.get("longest_edge")
+        if not (isinstance(lo, int) and isinstance(hi, int)) or isinstance(lo, bool) or isinstance(hi, bool):
+            raise ConfigError(
+                f"{keys.where}: size should hold shortest_edge and longest_edge (pixel bounds), but got {dict(size)!r}"
+            )
+        return keys.count("size.shortest_edge", lo), keys.count("size.longest_edge", hi)
+
     def video_rule(self, cfg: HFConfig) -> dict[str, Any]:
-        table, name = cfg.video_keys
-        d = self.video_defaults()
-        where = f"{name} next to {cfg.path!r}"
-        size = table.get("size")
-        size = size if isinstance(size, dict) else {}
-
-        def key(name: str) -> object:
-            return table.get(name) if table.get(name) is not None else d[_VIDEO_KEYS.get(name, name)]
-
-        def count(name: str, value: object) -> int:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{where}: {name} should be a positive integer, but got {value!r}")
-            return value
-
-        def rate(name: str, value: object) -> float | None:
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf")
-            ):
-                raise ConfigError(f"{where}: {name} should be a positive number, but got {value!r}")
-            return value
-
-        lo = count(
-            "min_pixels", table.get("min_pixels", size.get("shortest_edge", size.get("min_pixels", d["min_pixels"])))
-        )
-        hi = count(
-            "max_pixels", table.get("max_pixels", size.get("longest_edge", size.get("max_pixels", d["max_pixels"])))
-        )
-        patch, merge = count("patch_size", key("patch_size")), count("merge_size", key("merge_size"))
-        frames = key("num_frames")
+        keys = cfg.video_reader(self.video_defaults())
+        lo, hi = self.video_pixels(keys)
+        patch, merge = keys.count("patch_size"), keys.count("merge_size")
         rule: dict[str, Any] = {
-            "patch": patch, "merge": merge, "temporal": count("temporal_patch_size", key("temporal_patch_size")),
-            "min_pixels": lo, "max_pixels": hi, "sample": bool(key("do_sample_frames")), "fps": rate("fps", key("fps")),
-            "num_frames": None if frames is None else count("num_frames", frames),
-            "min_frames": count("min_frames", key("min_frames")), "max_frames": count("max_frames", key("max_frames")),
-            "cap": bool(key("cap_pixels_per_frame")),
-            "max_video_tokens": count("max_video_tokens", key("max_video_tokens")),
+            "patch": patch, "merge": merge, "temporal": keys.count("temporal_patch_size"),
+            "min_pixels": lo, "max_pixels": hi, "sample": keys.flag("do_sample_frames"), "fps": keys.rate("fps"),
+            "num_frames": keys.optional_count("num_frames"), "min_frames": keys.count("min_frames"),
+            "max_frames": keys.count("max_frames"), "cap": keys.flag("cap_pixels_per_frame"),
+            "max_video_tokens": keys.count("max_video_tokens"),
         }  # fmt: skip
         if rule["sample"] and rule["fps"] is not None and rule["num_frames"] is not None:
-            raise ConfigError(f"{where}: fps and num_frames are mutually exclusive, but both are set")
+            raise ConfigError(f"{keys.where}: fps and num_frames are mutually exclusive, but both are set")
         factor = patch * merge
         if hi < factor * factor:
             raise ConfigError(
-                f"{where}: max_pixels should hold at least one merged patch ({factor * factor} pixels), but got {hi}"
+                f"{keys.where}: max_pixels should hold at least one merged patch ({factor * factor} pixels), "
+                f"but got {hi}"
             )
         if lo > hi:
-            raise ConfigError(f"{where}: min_pixels should be <= max_pixels={hi}, but got min_pixels={lo}")
+            raise ConfigError(f"{keys.where}: min_pixels should be <= max_pixels={hi}, but got min_pixels={lo}")
         return rule
 
     def sampled_frames(self, rule: Mapping[str, Any], frames: int, fps: float | None) -> int:
@@ -223,8 +234,7 @@ class Qwen2VL(Family):
         pre-merge patch rows and columns."""
         patch, merge, t = int(rule["patch"]), int(rule["merge"]), int(rule["temporal"])
         factor = patch * merge
-        if min(height, width) < factor:
-            raise ConfigError(f"a video frame of {height}x{width} is smaller than one merged patch ({factor} px)")
+        check_aspect(height, width)
         hi = int(rule["max_pixels"])
         if rule["cap"]:
             total = int(int(rule["max_video_tokens"]) * factor * factor * 0.9)

