@@ -87,6 +87,7 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
             call["video_metadata"] = [VideoMetadata(total_num_frames=frames, fps=fps, duration=frames / fps)]
         if name == "SmolVLMVideoProcessor":
             call.setdefault("return_metadata", True)  # SmolVLMProcessor's videos_kwargs
+            call.setdefault("do_pad", False)  # one clip a call pads nothing; its pixel mask is all the work
         call.setdefault("do_rescale", False)  # NOTE [ The torchvision stand-in ]: values only, never sizes
         call.setdefault("do_normalize", False)
         # zeros, channels first, of no memory: only the resized frames are ever made

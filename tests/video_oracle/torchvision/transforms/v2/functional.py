@@ -15,9 +15,10 @@ __all__ = ["InterpolationMode", "crop", "grayscale_to_rgb", "normalize", "pad", 
 def resize(
     image: torch.Tensor, size: Sequence[int], interpolation: object = None, antialias: bool = True, **_: object
 ) -> torch.Tensor:
-    """``image`` [..., C, H, W] at ``size`` (height, width), in its own dtype: a blank frame of
-    the new size (no resampling; the oracle's frames are zeros and only the shape counts)."""
-    return image.new_zeros((*image.shape[:-2], int(size[0]), int(size[1])))
+    """``image`` [..., C, H, W] at ``size`` (height, width), in its own dtype: a frame of zeros of
+    the new size, of no memory (an expanded scalar; no resampling: the oracle's frames are zeros
+    and only the shape counts). What follows (padding, patchify) copies it into real memory."""
+    return image.new_zeros(()).expand(*image.shape[:-2], int(size[0]), int(size[1]))
 
 
 def crop(image: torch.Tensor, top: int, left: int, height: int, width: int) -> torch.Tensor:
