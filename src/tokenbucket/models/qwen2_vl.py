@@ -58,11 +58,15 @@ _TOWERS: dict[str, dict[str, Any]] = {
 MAX_ASPECT = 200  # smart_resize refuses a frame whose long side is more than 200 times its short side
 
 
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Both sides rounded to multiples of ``factor``, the area brought into ``[min_pixels, max_pixels]``
-    (a side under ``factor / 2`` rounds to 0 and the area is then scaled up, as transformers does)."""
-    hb = round(height / factor) * factor
-    wb = round(width / factor) * factor
+def smart_resize(
+    height: int, width: int, factor: int, min_pixels: int, max_pixels: int, *, floor: int | None = None
+) -> tuple[int, int]:
+    """Both sides rounded to multiples of ``factor``, the area brought into ``[min_pixels, max_pixels]``.
+    ``floor``: the least a side first rounds to (``factor``, the native ``max_pixels`` rule's; the
+    video processors' 0: a side under ``factor / 2`` rounds to 0 and the area is then scaled up)."""
+    floor = factor if floor is None else floor
+    hb = max(floor, round(height / factor) * factor)
+    wb = max(floor, round(width / factor) * factor)
     if hb * wb > max_pixels:
         beta = math.sqrt(height * width / max_pixels)
         hb = max(factor, math.floor(height / beta / factor) * factor)
@@ -239,7 +243,7 @@ class Qwen2VL(Family):
         if rule["cap"]:
             total = int(int(rule["max_video_tokens"]) * factor * factor * 0.9)
             hi = max(min(hi, total * t // frames), int(int(rule["min_pixels"]) * 1.05))
-        hb, wb = smart_resize(height, width, factor, int(rule["min_pixels"]), hi)
+        hb, wb = smart_resize(height, width, factor, int(rule["min_pixels"]), hi, floor=0)
         return -(-frames // t), hb // patch, wb // patch
 
     def clip_rule_inputs(
