@@ -11,6 +11,11 @@ settings.register_profile(
 )
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
+# NOTE [ The torchvision stand-in ] (tests/video_oracle/oracle.py): the stand-in and its oracle
+# run only in a subprocess; collecting them (--doctest-modules) would import the stand-in here
+# as torchvision, and put its folder on sys.path.
+collect_ignore = ["video_oracle"]
+
 # shared/ lies beside the checkout (on developer machines and in CI alike).
 SHARED = os.environ.get("TOKENBUCKET_SHARED", os.path.join(os.path.dirname(__file__), "..", "..", "shared"))
 

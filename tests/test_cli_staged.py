@@ -247,8 +247,9 @@ def test_video_processor_flag_changes_the_clip_rule_as_processor_kwargs_would(
     sample = '{"videos": 1, "frames": 32, "height": 448, "width": 448, "fps": 30}'
     argv = ["cost", "--hf-config", str(folder), "--batch", "1", "--sample", sample, "--json"]
     seq = {}
-    for name, extra in (("all", ()), ("fps4", ("fps=4",)), ("eight", ("num_frames=8",))):
-        flags = [f for kv in ("do_sample_frames=true", *extra) for f in ("--video-processor", kv)]
+    for name, extra in (("all", ("do_sample_frames=false",)), ("fps4", ("do_sample_frames=true", "fps=4")),
+                        ("eight", ("do_sample_frames=true", "num_frames=8"))):  # fmt: skip
+        flags = [f for kv in extra for f in ("--video-processor", kv)]
         code, out, err = cli(capsys, *argv, *flags)
         assert code == 0, err
         seq[name] = json.loads(out)["seq_len"]
@@ -261,6 +262,7 @@ def test_video_processor_flag_changes_the_clip_rule_as_processor_kwargs_would(
     for bad, words in (
         ("bogus", ("--video-processor", "KEY=VALUE")),
         ("max_pixels=-1", ("--video-processor", "max_pixels", "-1")),
+        ("do_sample_frames=true", ("--video-processor", "needs fps or num_frames")),  # transformers fails too
     ):
         code, out, err = cli(capsys, *argv, "--video-processor", bad)
         assert code == 2 and out == ""

@@ -13,6 +13,7 @@ stand-in that must never reach this process (NOTE [ The torchvision stand-in ]).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -357,6 +358,7 @@ ERRORS: list[tuple[str, dict[str, Any], tuple[int, int, int, float | None], str]
     ("qwen3_vl", {}, (1, 448, 448, None), r"needs at least 2 frames \(its temporal patch\), but got frames=1$"),
     ("qwen3_vl", {"num_frames": 8}, (16, 448, 448, None), r"fps and num_frames are mutually exclusive"),
     ("qwen2_vl", {"do_sample_frames": True, "fps": 2}, (16, 448, 448, None), r"needs each clip's own fps"),
+    ("qwen2_vl", {"do_sample_frames": True}, (16, 448, 448, 30), r"do_sample_frames needs fps or num_frames"),
     ("qwen2_vl", {"do_sample_frames": True, "num_frames": 40}, (16, 448, 448, None),
      r"a clip of 16 frames cannot be sampled to 40 frames"),
     ("qwen2_vl", {"do_sample_frames": True, "num_frames": 1}, (16, 448, 448, None), r"cannot be sampled to 0 frames"),
@@ -383,6 +385,19 @@ def test_video_tokens_where_the_processor_raises_a_one_line_config_error() -> No
         with pytest.raises(ConfigError, match=message) as info:
             models.of(cfg).clip_inputs(cfg, f, h, w, fps)
         assert "\n" not in str(info.value)
+
+
+def test_video_tokens_oracle_stays_out_of_this_process() -> None:
+    # NOTE [ The torchvision stand-in ]: never collected, never on this process's path
+    assert importlib.util.find_spec("torchvision") is None
+    assert "oracle" not in sys.modules and not any(Path(p).resolve() == ORACLE for p in sys.path if p)
+
+
+def test_video_tokens_families_with_a_video_path() -> None:
+    with_video = {mt for mt in models.SUPPORTED_MODEL_TYPES if models.family(mt).has_video}
+    assert with_video == {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava_onevision", "smolvlm"}
+    assert token_spec_from_hf(HFConfig("<i>", {"model_type": "idefics3"})).feed == "images"  # Idefics3 has none
+    assert token_spec_from_hf(HFConfig("<s>", SMOLVLM2, SMOLVLM2_PRE, SMOLVLM2_VIDEO)).feed == "video"
 
 
 def test_video_tokens_refuses_a_frame_size_the_onevision_pooling_cannot_view() -> None:

@@ -12,19 +12,25 @@ token count lives in the multimodal processor, ``"tokens": {...}`` (LLaVA-OneVis
 stdout: a JSON list, one result per case: ``{"error": "ValueError: ..."}`` when transformers
 raises, else ``"frames"`` (the frames the processor keeps), ``"grid"`` (``video_grid_thw``,
 Qwen), ``"pixels"`` (the shape of the processed clip's pixels) and ``"tokens"`` (the video
-placeholder tokens, from the processor class's own code).
+placeholder tokens the processor class's own code writes; LLaVA-OneVision also gives
+``"helper"``, its ``_get_num_multimodal_tokens``, and ``"model"``, the frames times what the
+model's ``apply_pooling`` makes of one frame, plus its newline).
 
 NOTE [ The torchvision stand-in ]
 transformers 5's video processors import torchvision, and PyPI's torchvision wheel is a CUDA
 build that cannot load beside the CPU torch this project pins, so tests/video_oracle/torchvision
 is a stand-in: the few transforms.v2.functional calls the processors make (resize, crop, pad,
-normalize, dtype), in plain torch. Every size (sampling, smart_resize, padding to the temporal
-patch, the grid) is still computed by transformers' own code; the stand-in only moves pixels
-(nearest-neighbour, uint8 in, uint8 out), and no count depends on pixel values. It must never be
-on the test process's sys.path: other tests check that torchvision is absent, so the oracle runs
-in a subprocess with PYTHONPATH=tests/video_oracle, all of a test's cases in one call.
-SmolVLM's processor writes each frame's "Frame from 00:01:" text with num2words, which is not
-installed: the oracle hands it str(), which changes text only, never the <image> count.
+normalize, dtype) in plain torch. Every size (sampling, smart_resize, the frames padded to the
+temporal patch, the grid) is still computed by transformers' own code; the stand-in's resize
+hands back a frame of zeros of the size transformers asks for, of no memory, and the oracle
+feeds clips of zeros (an expanded scalar) with the value-only steps off (do_rescale,
+do_normalize; SmolVLM's do_pad, which pads nothing for one clip), so a 64-frame 1080p clip
+costs only what transformers' own patchify copies. No count depends on a pixel value. The
+stand-in must never be on the test process's sys.path (other tests check that torchvision is
+absent), so the oracle runs in a subprocess with PYTHONPATH=tests/video_oracle, all of a test's
+cases in one call. SmolVLM's processor writes each clip's "series of N frames" text with
+num2words, which is not installed: the oracle hands it str(), which changes text only, never
+the <image> count.
 """
 
 from __future__ import annotations

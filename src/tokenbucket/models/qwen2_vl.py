@@ -88,13 +88,18 @@ def check_aspect(height: int, width: int) -> None:
 
 # NOTE [ Qwen video clips ]
 # A clip reaches Qwen2-VL / Qwen2.5-VL / Qwen3-VL through the video processor (transformers'
-# Qwen2VLVideoProcessor / Qwen3VLVideoProcessor), whose keys video_rule reads:
+# Qwen2VLVideoProcessor / Qwen3VLVideoProcessor), whose keys video_rule reads as its __init__
+# does: a key the table holds replaces the class default even as null; Qwen2-VL's size (given
+# whole, or the default) has its edges replaced by min_pixels / max_pixels, while Qwen3-VL reads
+# size alone; both edges must be there. tests/test_video_tokens.py checks it all against them:
 # - sampling (do_sample_frames; off for Qwen2-VL, on at fps=2 for Qwen3-VL): num_frames rounded
 #   to the temporal patch, or frames / clip fps * fps clamped to [min_frames, max_frames]; a
 #   Qwen3-VL clip whose fps is not known is taken at 24 fps, as its processor does;
 # - resize: Qwen2-VL's smart_resize per frame in [min_pixels, max_pixels] (its video defaults,
 #   128..768 merged patches per frame); Qwen3-VL's bounds hold for the whole clip (frames
 #   rounded to the temporal patch times the frame area); cap_pixels_per_frame shares a budget;
+#   a side under half a merged patch rounds to 0 and the frame is scaled up (Qwen3-VL scales a
+#   side under one merged patch up first), and a frame past MAX_ASPECT is refused, as they do;
 # - time: the frames are padded to a multiple of temporal_patch_size by repeating the last one,
 #   and each pair merges: video_grid_thw = (ceil(frames / 2), rows, cols).
 # The tower attends within one temporal slice (its cu_seqlens repeat rows x cols per slice), so a
@@ -113,6 +118,9 @@ class Qwen2VL(Family):
     absent_vision = {"qwen2_vl": {"model_type": "qwen2_vl_vision"}, "qwen2_5_vl": {"model_type": "qwen2_5_vl_vision"}}
     flat_text = True
     video_processor = "Qwen2VLVideoProcessor"
+    # Qwen2VLVideoProcessor.sample_frames compares a None num_frames when neither fps nor
+    # num_frames is set (a TypeError); Qwen3-VL's then keeps min(max(frames, min_frames), max_frames)
+    sampling_needs_a_rate: ClassVar[bool] = True
     # (min_pixels, max_pixels) when preprocessor_config.json sets neither
     default_pixels: ClassVar[tuple[int, int]] = QWEN2_VL_PIXELS
 
@@ -199,6 +207,11 @@ class Qwen2VL(Family):
         }  # fmt: skip
         if rule["sample"] and rule["fps"] is not None and rule["num_frames"] is not None:
             raise ConfigError(f"{keys.where}: fps and num_frames are mutually exclusive, but both are set")
+        if rule["sample"] and rule["fps"] is None and rule["num_frames"] is None and self.sampling_needs_a_rate:
+            raise ConfigError(
+                f"{keys.where}: do_sample_frames needs fps or num_frames (the video processor fails without "
+                "either), but got neither"
+            )
         factor = patch * merge
         if hi < factor * factor:
             raise ConfigError(
@@ -225,8 +238,8 @@ class Qwen2VL(Family):
             top = math.floor(min(int(rule["max_frames"]), frames) / t) * t
             n = min(max(frames / fps * float(rule["fps"]), int(rule["min_frames"])), top, frames)
             n = math.floor(n / t) * t
-        else:
-            return frames
+        else:  # video_rule refuses sampling without either
+            raise AssertionError("do_sample_frames without fps or num_frames")
         if n > frames or n < 1:
             raise ConfigError(
                 f"a clip of {frames} frames cannot be sampled to {int(n)} frames (the video processor's rule)"

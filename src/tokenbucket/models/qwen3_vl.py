@@ -86,6 +86,7 @@ class Qwen3VL(Qwen2VL):
     flat_text = False
     default_pixels = QWEN3_VL_PIXELS
     video_processor = "Qwen3VLVideoProcessor"
+    sampling_needs_a_rate = False
 
     def video_defaults(self) -> Mapping[str, Any]:
         return QWEN3_VL_VIDEO

@@ -10,7 +10,8 @@ Two paths give the same numbers (a property test holds them together):
 
 ``L_total = L_vision + text + proprio + action + memory + Σ extras`` and
 ``L_vision = Σ_cameras temporal_tokens x (spatial_tokens + special_per_frame) +
-special_per_camera`` (see :class:`tokenbucket.tokens.spec.CameraSpec` for every rule).
+special_per_camera`` (+ what a video clip adds once, LLaVA-OneVision's newline; see
+:class:`tokenbucket.tokens.spec.CameraSpec` for every rule).
 
 Example (the design document's worked example):
     >>> from tokenbucket import TokenSpec, breakdown_sample

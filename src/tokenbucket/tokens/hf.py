@@ -45,11 +45,13 @@ def token_spec_from_hf(
 
     NOTE [ Frames are images ]
     A camera of two frames or more reaches a family with a video path (Qwen2-VL, Qwen2.5-VL,
-    Qwen3-VL, ...) as one clip through its video processor, by default (``feed="video"``): the
-    clip's frames are sampled and resized by the video processor's keys
+    Qwen3-VL, LLaVA-OneVision, SmolVLM) as one clip through its video processor, by default
+    (``feed="video"``): the clip's frames are sampled and resized by the video processor's keys
     (``video_preprocessor_config.json``, else ``preprocessor_config.json``, else the class
-    defaults) and frame pairs merge along time, so a clip takes about half the tokens of its
-    frames as images. ``feed="images"`` counts every frame as one image instead, the way a VLA
+    defaults). Qwen's frame pairs merge along time, so a clip takes about half the tokens of its
+    frames as images; LLaVA-OneVision pools each frame to a quarter of its tower grid, plus one
+    newline a clip; SmolVLM feeds each kept frame as one unsplit image (NOTE [ Qwen video
+    clips ], NOTE [ LLaVA-OneVision video clips ], NOTE [ SmolVLM video clips ]). ``feed="images"`` counts every frame as one image instead, the way a VLA
     that hands each frame to the image processor feeds them (Qwen2-VL's image path repeats an
     image along time to fill its ``temporal_patch_size``, so an image is one temporal slice);
     ``stills`` names the cameras fed that way while the rest are clips (a wrist camera as

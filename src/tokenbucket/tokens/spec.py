@@ -90,8 +90,9 @@ class CameraSpec:
             (:func:`tokenbucket.models.rule_inputs` reads it).
         feed: how a camera of two or more frames reaches the model: ``"images"`` (every frame
             one image, the fields above) or ``"video"`` (one clip through the family's video
-            processor, ``video_rule``). A one-frame camera is an image either way
-            (NOTE [ Frames are images ]).
+            processor, ``video_rule``: its tower passes as ``temporal``, its LLM tokens per pass
+            as ``spatial``, and what the clip adds once, LLaVA-OneVision's newline, in its
+            tokens). A one-frame camera is an image either way (NOTE [ Frames are images ]).
         video_rule: the family's video rule as JSON (:func:`tokenbucket.models.clip_inputs`
             reads it); needed by ``feed="video"``.
     """
