@@ -226,6 +226,7 @@ def test_video_tokens_llava_onevision_equal_the_processor_and_the_model_pooling(
     cases += _onevision(SIGLIP_384, {"do_sample_frames": True, "num_frames": 8}, grid(FEW_FRAMES, (None,), SIZES[::4]))
     cases += _onevision(SIGLIP_384, {"size": {"height": 400, "width": 400}, "do_center_crop": True,
                                      "crop_size": {"height": 384, "width": 384}}, grid((2, 9), (None,), SIZES[::2]))  # fmt: skip
+    cases += _onevision(SIGLIP_384, {"do_resize": False}, grid((2, 5), (None, 30), SIZES[::3]))  # frames as they come
     # other towers: the pooling's ceil(grid / 2) a side (24 -> 12, 26 -> 13, 32 -> 16, 14 -> 7)
     clip_336 = {"model_type": "clip_vision_model", "image_size": 336, "patch_size": 14}
     cases += _onevision(clip_336, _square(336), grid(FEW_FRAMES), vision_feature_select_strategy="default")
@@ -274,6 +275,13 @@ def test_video_tokens_smolvlm_equal_the_processor() -> None:
     big = {"model_type": "smolvlm", "scale_factor": 3, "vision_config": {"image_size": 384, "patch_size": 14}}
     cases += _smolvlm(big, {**SMOLVLM2_VIDEO, "max_image_size": {"longest_edge": 384}}, grid(FEW_FRAMES))
     cases += _smolvlm(SMOLVLM2, {**SMOLVLM2_VIDEO, "do_resize": False}, grid((2, 7), (None,), SIZES[2::3]))
+    # the first resize's size in its forms, and a video_sampling without video_size (transformers fails)
+    for odd in ({"size": 512}, {"size": {"height": 300, "width": 500}}, {"size": {"shortest_edge": 512}},
+                {"video_sampling": {"fps": 1, "max_frames": 8}},
+                {"video_sampling": {"fps": 1, "max_frames": 8}, "size": {"longest_edge": 1024}}):  # fmt: skip
+        cases += _smolvlm(
+            SMOLVLM2, {"max_image_size": {"longest_edge": 512}, **odd}, grid((2, 9), RATES[::3], SIZES[2::4])
+        )
     bad, results = compare(cases)
     assert bad == []
     assert len(cases) >= 400, len(cases)

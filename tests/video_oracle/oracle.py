@@ -90,7 +90,11 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
             _PROCESSORS[key] = getattr(transformers, name)(**case.get("kwargs", {}))
         proc = _PROCESSORS[key]
         if fps is not None:
-            call["video_metadata"] = [VideoMetadata(total_num_frames=frames, fps=fps, duration=frames / fps)]
+            # as transformers' decoders write it: the duration, and every frame's index
+            metadata = VideoMetadata(
+                total_num_frames=frames, fps=fps, duration=frames / fps, frames_indices=list(range(frames))
+            )
+            call["video_metadata"] = [metadata]
         if name == "SmolVLMVideoProcessor":
             call.setdefault("return_metadata", True)  # SmolVLMProcessor's videos_kwargs
             call.setdefault("do_pad", False)  # one clip a call pads nothing; its pixel mask is all the work

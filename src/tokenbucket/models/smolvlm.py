@@ -43,7 +43,7 @@ __all__ = ["FAMILY", "SMOLVLM_VIDEO", "SmolVLM", "sampled_frames"]
 
 # SmolVLMVideoProcessor's class defaults (NOTE [ SmolVLM video clips ])
 SMOLVLM_VIDEO: dict[str, Any] = {
-    "max_image_size": {"longest_edge": 364}, "do_resize": True, "do_sample_frames": False, "fps": None,
+    "size": {"longest_edge": 4 * 364}, "max_image_size": {"longest_edge": 364}, "do_resize": True, "do_sample_frames": False, "fps": None,
     "num_frames": None, "video_sampling": None,
 }  # fmt: skip
 SKIP_SECONDS = 1  # sample_frames' skip_secs: trimmed from each end of a clip long enough
@@ -70,6 +70,14 @@ def sampled_frames(rule: Mapping[str, Any], frames: int, fps: float | None) -> i
     return len(np.unique(np.linspace(start, end, wanted, dtype=int)))
 
 
+def _resizes(size: object) -> bool:
+    """A size ``SmolVLMVideoProcessor.resize`` takes: a longest edge, or a height and width (an int
+    is a square)."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size > 0
+    return isinstance(size, dict) and bool(size.get("longest_edge") or (size.get("height") and size.get("width")))
+
+
 class SmolVLM(Idefics3):
     name = "smolvlm"
     model_types = ("smolvlm",)
@@ -80,16 +88,20 @@ class SmolVLM(Idefics3):
     def video_rule(self, cfg: HFConfig) -> dict[str, Any]:
         keys = cfg.video_reader(SMOLVLM_VIDEO)
         image = self.image_rule(cfg)
-        fps, most = keys.rate("fps"), keys.optional_count("num_frames")
-        if keys.raw("video_sampling") is not None:  # __init__: it replaces fps and num_frames
+        fps, most, size = keys.rate("fps"), keys.optional_count("num_frames"), keys.raw("size")
+        if keys.raw("video_sampling") is not None:  # __init__: it replaces fps, num_frames and size
             sampling = keys.table_of("video_sampling")
-            for key in ("fps", "max_frames"):
-                if key not in sampling:
-                    raise ConfigError(
-                        f"{keys.where}: video_sampling should hold fps and max_frames, but got {sampling!r}"
-                    )
+            needed = ("fps", "max_frames") if "size" in keys.table else ("fps", "max_frames", "video_size")
+            if not set(needed) <= set(sampling):
+                raise ConfigError(f"{keys.where}: video_sampling should hold {', '.join(needed)}, but got {sampling!r}")
             fps = keys.rate("video_sampling.fps", sampling["fps"])
             most = keys.count("video_sampling.max_frames", sampling["max_frames"])
+            size = size if "size" in keys.table else sampling["video_size"]
+        if keys.flag("do_resize") and not _resizes(size):
+            raise ConfigError(
+                f"{keys.where}: size should be {{'longest_edge': ...}} or {{'height': ..., 'width': ...}} (the "
+                f"first resize; every frame then becomes the max_image_size square), but got {size!r}"
+            )
         frame = None  # the square every frame is made; None: frames reach the tower as they come
         if keys.flag("do_resize"):
             frame = keys.count("max_image_size.longest_edge", keys.table_of("max_image_size").get("longest_edge"))
