@@ -4,7 +4,8 @@
 bf16 (or fp32: NOTE [ The build dtype ]), under ``FakeTensorMode`` on the CPU, turns one sample's shape (the same
 :class:`~tokenbucket.cost.staged.Sample` the staged cost model prices) into the inputs the
 model's processor would make (``input_ids`` with the image tokens, ``pixel_values``, the grid or
-image-size fields, ``labels``), applies the training setup (frozen tower, LoRA via ``peft``,
+image-size fields, ``labels``; a video clip's ``pixel_values_videos`` and ``video_grid_thw``
+where the family has a video path, NOTE [ Qwen video inputs ]), applies the training setup (frozen tower, LoRA via ``peft``,
 FSDP2 or DDP over a fake process group) and runs training steps: forward, backward,
 ``AdamW(foreach=True).step()``. The peak of live bytes comes from PyTorch's own trackers
 (``MemTracker``, and ``FSDPMemTracker`` under FSDP). ``transformers`` is an optional extra
@@ -470,21 +471,43 @@ def transformers_config(cfg: HFConfig, dtype: torch.dtype = torch.bfloat16) -> t
     return config, notes
 
 
+def sample_shape(cfg: HFConfig, sample: Sample, batch: int) -> Shape:
+    """``batch`` samples shaped like ``sample`` as the measured mode builds them: clips of two
+    frames or more as clips where the family has a video path, every other clip's frames as
+    images (NOTE [ Frames are images ]), as :meth:`StagedCostModel.clips
+    <tokenbucket.cost.staged.StagedCostModel.clips>` prices them; no vision without a tower."""
+    family = models.of(cfg)
+    if not family.has_vision or not (sample.images or sample.videos):
+        return Shape(batch, 0, sample.height, sample.width, sample.text_tokens)
+    if sample.videos and sample.frames >= 2 and family.has_video:
+        return Shape(
+            batch, 0, sample.height, sample.width, sample.text_tokens, videos=sample.videos, frames=sample.frames,
+            fps=sample.fps,
+        )  # fmt: skip
+    return Shape(batch, sample.images or sample.videos * sample.frames, sample.height, sample.width, sample.text_tokens)
+
+
 def with_markers(cfg: HFConfig, sample: Sample) -> Sample:
-    """``sample`` with room for the text tokens its family's model reads around each image
-    (Qwen2-VL's vision start and end tokens, which its 3-D rope positions need to find each
-    image); other samples as they are."""
-    least = models.of(cfg).min_text_tokens(sample.images)
-    if sample.images and sample.text_tokens < least:
+    """``sample`` with room for the text tokens its family's model reads around each image or
+    clip (Qwen2-VL's vision start and end tokens, which its 3-D rope positions need to find each
+    image; Qwen3-VL's per temporal group of a clip); other samples as they are."""
+    family = models.of(cfg)
+    shape = sample_shape(cfg, sample, 1)
+    least = family.min_text_tokens(shape.images)
+    if shape.videos:
+        groups = family.clip_inputs(cfg, shape.frames, shape.height, shape.width, shape.fps).tower_images
+        least += shape.videos * family.min_video_text_tokens(groups)
+    if (shape.images or shape.videos) and sample.text_tokens < least:
         return dataclasses.replace(sample, text_tokens=least)
     return sample
 
 
 def qwen_rope_positions(
-    model_type: str, config: object, ids: torch.Tensor, image_token: int, grid: torch.Tensor
+    model_type: str, config: object, ids: torch.Tensor, image_token: int, grid: torch.Tensor | None, **video: Any
 ) -> torch.Tensor:
-    """Qwen2-VL's / Qwen2.5-VL's 3-D rope positions (:func:`tokenbucket.models.qwen2_vl.rope_positions`)."""
-    positions: torch.Tensor = rope_positions(HF_CLASSES[model_type][0], config, ids, image_token, grid)
+    """Qwen2-VL's / Qwen2.5-VL's / Qwen3-VL's 3-D rope positions (:func:`tokenbucket.models.qwen2_vl.rope_positions`;
+    ``video``: its ``video_token``, ``video_grid`` and ``second_per_grid_ts``)."""
+    positions: torch.Tensor = rope_positions(HF_CLASSES[model_type][0], config, ids, image_token, grid, **video)
     return positions
 
 
@@ -492,11 +515,11 @@ def hf_inputs(
     cfg: HFConfig, config: Any, sample: Sample, batch: int, dtype: torch.dtype = torch.bfloat16
 ) -> tuple[dict[str, Any], InputSpecs]:
     """The inputs a processor makes for ``batch`` samples shaped like ``sample`` (real, fake), pixels
-    in ``dtype``: the family's own (:meth:`tokenbucket.models.Family.inputs`), ``labels`` added."""
-    family = models.of(cfg)
-    shape = Shape(batch, sample.images if family.has_vision else 0, sample.height, sample.width, sample.text_tokens)
-    if shape.images:
-        real, fake = family.inputs(cfg, config, shape, dtype)
+    in ``dtype``: the family's own (:meth:`tokenbucket.models.Family.inputs`, on :func:`sample_shape`),
+    ``labels`` added."""
+    shape = sample_shape(cfg, sample, batch)
+    if shape.images or shape.videos:
+        real, fake = models.of(cfg).inputs(cfg, config, shape, dtype)
     else:
         real, fake = {"input_ids": token_ids(shape, 0)}, {}
     real["labels"] = real["input_ids"].clone()
@@ -532,7 +555,9 @@ def profile_hf(
 
     Args:
         config: a ``config.json``, its folder, or an ``HFConfig`` (a supported ``model_type``).
-        sample: one sample's shape; every sample of the batch has it.
+        sample: one sample's shape; every sample of the batch has it. Its clips reach a family
+            with a video path as clips, and elsewhere (or of one frame) as their frames, images
+            (:func:`sample_shape`, as the staged model prices them).
         batch: samples per step (per rank).
         setup: the training setup; ``sharding`` ``none``, ``fsdp`` or ``ddp`` (ZeRO is
             DeepSpeed's and is not measured), optimizer ``adamw`` or ``sgd``; its checkpointing

@@ -28,6 +28,7 @@ __all__ = [
     "Family",
     "Inputs",
     "Shape",
+    "TEXT_TOKEN",
     "VisionInputs",
     "check_frames",
     "check_image_size",
@@ -65,14 +66,28 @@ def check_image_size(height: object, width: object) -> None:
 
 @dataclass(frozen=True)
 class Shape:
-    """One measured batch: ``batch`` samples of ``images`` images of ``height x width`` and
-    ``text_tokens`` text tokens each (a :class:`~tokenbucket.cost.staged.Sample` and its batch)."""
+    """One measured batch: ``batch`` samples of ``images`` images, or ``videos`` clips of
+    ``frames`` frames each, of ``height x width`` and ``text_tokens`` text tokens each (a
+    :class:`~tokenbucket.cost.staged.Sample` and its batch). A shape with clips is only given to a
+    family with a video path (:attr:`Family.has_video`), and only for clips of two frames or more:
+    elsewhere the frames are images (``images = videos x frames``), as the staged model prices
+    them. ``fps``: the clips' own frame rate (``None``: not known), which a video processor that
+    samples frames reads."""
 
     batch: int
     images: int
     height: int
     width: int
     text_tokens: int
+    videos: int = 0
+    frames: int = 0
+    fps: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.images and self.videos:
+            raise AssertionError(f"a shape holds images or clips, not both: images={self.images}, videos={self.videos}")
+        if bool(self.videos) != bool(self.frames):
+            raise AssertionError(f"a shape's clips need frames: videos={self.videos}, frames={self.frames}")
 
 
 Inputs = tuple[dict[str, Any], dict[str, tuple[tuple[int, ...], Any]]]
@@ -238,12 +253,18 @@ class Family:
         """Text tokens a sample of ``images`` images needs at least (markers the model reads)."""
         return 0
 
+    def min_video_text_tokens(self, groups: int) -> int:
+        """Text tokens one clip of ``groups`` temporal groups (:meth:`clip_inputs`'
+        ``tower_images``) needs at least: markers the model reads (a family without a video path: 0)."""
+        return 0
+
     def inputs(self, cfg: HFConfig, tconfig: PretrainedConfig, shape: Shape, dtype: torch.dtype) -> Inputs:
         """The inputs the processor makes for ``shape.batch`` samples of ``shape.images`` images
-        each: (real tensors, fake ``{name: (size, dtype)}``), NOTE [ Real bookkeeping tensors ]
-        in :mod:`tokenbucket.cost.hf_profile`. ``real`` holds ``input_ids`` ([batch, length],
-        image tokens placed); the caller adds ``labels``. ``tconfig`` is the transformers config,
-        ``dtype`` the pixels' torch dtype (NOTE [ Families defer torch ])."""
+        (or, with a video path, ``shape.videos`` clips) each: (real tensors, fake ``{name: (size,
+        dtype)}``), NOTE [ Real bookkeeping tensors ] in :mod:`tokenbucket.cost.hf_profile`.
+        ``real`` holds ``input_ids`` ([batch, length], image and video tokens placed); the caller
+        adds ``labels``. ``tconfig`` is the transformers config, ``dtype`` the pixels' torch dtype
+        (NOTE [ Families defer torch ])."""
         raise ConfigError(f"model family {self.name!r} has no measured mode yet: price it with cost --hf-config")
 
 
@@ -254,11 +275,15 @@ def fixed_square(rule: Mapping[str, Any]) -> dict[str, Any]:
     return {"patch": rule["patch"], "resize": "fixed", "fixed_size": (side, side), "tokens_per_frame": rule["tokens"]}
 
 
+TEXT_TOKEN = 1  # the id of every plain text token the measured mode writes
+
+
 def token_ids(shape: Shape, image_tokens: int) -> Any:
-    """``input_ids`` [batch, image_tokens + text_tokens]: ones, the caller places the image tokens."""
+    """``input_ids`` [batch, image_tokens + text_tokens]: plain text (``TEXT_TOKEN``), the caller
+    places the image tokens."""
     import torch  # optional: the measured mode only (NOTE [ Families defer torch ])
 
-    return torch.full((shape.batch, image_tokens + shape.text_tokens), 1, dtype=torch.long)
+    return torch.full((shape.batch, image_tokens + shape.text_tokens), TEXT_TOKEN, dtype=torch.long)
 
 
 def rule_json(family: str, rule: Mapping[str, Any]) -> str:

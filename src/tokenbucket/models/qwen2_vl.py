@@ -322,6 +322,34 @@ class Qwen2VL(Family):
     def min_text_tokens(self, images: int) -> int:
         return 2 * images  # a vision start and end token per image, which the 3-D rope positions need
 
+    def min_video_text_tokens(self, groups: int) -> int:
+        """Text tokens one clip of ``groups`` temporal groups needs at least (NOTE [ Qwen video inputs ])."""
+        return 2  # a vision start and end token around the clip
+
+    def video_placeholder(self, tconfig: PretrainedConfig, groups: int, per_group: int) -> list[int]:
+        """One clip's ids as the processor writes them: ``groups`` temporal groups of ``per_group``
+        video tokens each, with their markers (NOTE [ Qwen video inputs ])."""
+        video = int(tconfig.video_token_id)
+        return [tconfig.vision_start_token_id] + [video] * (groups * per_group) + [tconfig.vision_end_token_id]
+
+    def video_grid(self, cfg: HFConfig, shape: Shape) -> tuple[int, int, int]:
+        """``video_grid_thw`` of each of ``shape``'s clips, the one :meth:`clip_inputs` counts; a
+        video processor whose patches the tower cannot read is refused."""
+        rule = self.video_rule(cfg)
+        for key, name, tower_key in (("patch", "patch_size", "patch_size"), ("merge", "merge_size", "spatial_merge_size"),
+                                     ("temporal", "temporal_patch_size", "temporal_patch_size")):  # fmt: skip
+            theirs = self.vision_int(cfg, tower_key)
+            if int(rule[key]) != theirs:
+                raise ConfigError(
+                    f"{cfg.video_keys[1]} next to {cfg.path!r}: {name}={rule[key]} does not match the vision tower's "
+                    f"{theirs}: the model cannot read these clips"
+                )
+        gt, gh, gw = self.clip_grid(rule, self.sampled_frames(rule, shape.frames, shape.fps), shape.height, shape.width)
+        counted = self.clip_rule_inputs(rule, shape.frames, shape.height, shape.width, shape.fps)
+        if (counted.tower_images, counted.patches_per_image) != (gt, gh * gw):
+            raise AssertionError(f"video_grid_thw {(gt, gh, gw)} is not what clip_inputs counts: {counted}")
+        return gt, gh, gw
+
     def inputs(self, cfg: HFConfig, tconfig: PretrainedConfig, shape: Shape, dtype: torch.dtype) -> Inputs:
         import torch  # optional: the measured mode only (NOTE [ Families defer torch ])
 
@@ -331,36 +359,98 @@ class Qwen2VL(Family):
                 f"least 2 x images = {2 * shape.images}, but got text_tokens={shape.text_tokens}"
             )
         rule = self.image_rule(cfg)
-        gh, gw = self.grid(rule, shape.height, shape.width)
-        per = gh * gw // int(rule["merge"]) ** 2
-        token = image_token(tconfig)
-        ids = token_ids(shape, per * shape.images)
+        merge, patch = int(rule["merge"]), int(rule["patch"])
+        width = 3 * self.vision_int(cfg, "temporal_patch_size") * patch**2  # one row of pixels: a patch's values
         row: list[int] = []
-        for _ in range(shape.images):
-            row += [tconfig.vision_start_token_id] + [token] * per + [tconfig.vision_end_token_id]
+        fake: dict[str, tuple[tuple[int, ...], Any]] = {}
+        grids: dict[str, Any] = {}
+        vision_tokens = 0
+        if shape.images:
+            gh, gw = self.grid(rule, shape.height, shape.width)
+            per = gh * gw // merge**2
+            for _ in range(shape.images):
+                row += [tconfig.vision_start_token_id] + [image_token(tconfig)] * per + [tconfig.vision_end_token_id]
+            vision_tokens += per * shape.images
+            grids["image_grid_thw"] = torch.tensor([[1, gh, gw]] * (shape.images * shape.batch), dtype=torch.long)
+            fake["pixel_values"] = ((shape.images * shape.batch * gh * gw, width), dtype)
+        if shape.videos:  # NOTE [ Qwen video inputs ]
+            gt, gh, gw = self.video_grid(cfg, shape)
+            least = shape.videos * self.min_video_text_tokens(gt)
+            if shape.text_tokens < least:
+                raise ConfigError(
+                    f"a {cfg.model_type} clip of {gt} temporal groups holds {least // shape.videos} marker tokens "
+                    f"(NOTE [ Qwen video inputs ]): text_tokens should be at least {least // shape.videos} x "
+                    f"videos = {least}, but got text_tokens={shape.text_tokens}"
+                )
+            per = gh * gw // merge**2
+            for _ in range(shape.videos):
+                row += self.video_placeholder(tconfig, gt, per)
+            vision_tokens += gt * per * shape.videos
+            clips = shape.videos * shape.batch
+            grids["video_grid_thw"] = torch.tensor([[gt, gh, gw]] * clips, dtype=torch.long)
+            fake["pixel_values_videos"] = ((clips * gt * gh * gw, width), dtype)
+            if cfg.model_type == "qwen2_5_vl":  # seconds per temporal group, which its rope positions space
+                seconds = self.vision_int(cfg, "temporal_patch_size") / self.sampled_fps(cfg, shape)
+                grids["second_per_grid_ts"] = torch.tensor([seconds] * clips)
+        ids = token_ids(shape, vision_tokens)
         ids[:, : len(row)] = torch.tensor(row)
-        grid = torch.tensor([[1, gh, gw]] * (shape.images * shape.batch), dtype=torch.long)
-        real = {"input_ids": ids, "image_grid_thw": grid,
-                "position_ids": rope_positions(self.hf_classes[cfg.model_type], tconfig, ids, token, grid)}  # fmt: skip
-        temporal, patch = self.vision_int(cfg, "temporal_patch_size"), int(rule["patch"])
-        return real, {"pixel_values": ((shape.images * shape.batch * gh * gw, 3 * temporal * patch**2), dtype)}
+        positions = rope_positions(
+            self.hf_classes[cfg.model_type], tconfig, ids, image_token(tconfig), grids.get("image_grid_thw"),
+            video_token=int(tconfig.video_token_id), video_grid=grids.get("video_grid_thw"),
+            second_per_grid_ts=grids.get("second_per_grid_ts"),
+        )  # fmt: skip
+        return {"input_ids": ids, **grids, "position_ids": positions}, fake
+
+    def sampled_fps(self, cfg: HFConfig, shape: Shape) -> float:
+        """The frame rate of the frames the video processor keeps of ``shape``'s clips
+        (transformers' ``VideoMetadata.sampled_fps``: 24 when the clip's own is not known)."""
+        if shape.fps is None:
+            return float(UNKNOWN_FPS)
+        return shape.fps * self.sampled_frames(self.video_rule(cfg), shape.frames, shape.fps) / shape.frames
+
+
+# NOTE [ Qwen video inputs ]
+# What Qwen2VLProcessor / Qwen2_5_VLProcessor / Qwen3VLProcessor hand the model for a clip
+# (NOTE [ Qwen video clips ] for its grid), as the measured mode builds it:
+# - pixel_values_videos: one row per pre-merge patch of every temporal group of every clip,
+#   [clips x t x rows x cols, 3 x temporal_patch_size x patch^2] (fake); video_grid_thw
+#   (t, rows, cols) per clip (real: the tower reads it on the host);
+# - input_ids: Qwen2-VL and Qwen2.5-VL write a clip as a vision start token, t x rows x cols / 4
+#   video tokens and a vision end token. Qwen3-VL writes each temporal group apart: a timestamp
+#   ("<0.5 seconds>", text whose token count is the tokenizer's: one plain text token stands for
+#   it here, the rest of its length is the sample's text), a vision start token, rows x cols / 4
+#   video tokens and a vision end token, so its get_rope_index can split the grid per group;
+# - second_per_grid_ts (Qwen2.5-VL): temporal_patch_size / the sampled frames' fps per clip,
+#   which spaces its temporal rope positions (values only: no byte depends on it);
+# - position_ids: the model's own get_rope_index over those ids (text 0, image 1, video 2).
+# The markers are text tokens: a sample's text_tokens should hold them (min_video_text_tokens).
+
+UNKNOWN_FPS = 24  # transformers' VideoMetadata.sampled_fps of a clip whose fps is not known
 
 
 def rope_positions(
-    cls_name: str, config: object, ids: torch.Tensor, image_token: int, grid: torch.Tensor
-) -> torch.Tensor:
-    """Qwen2-VL's / Qwen2.5-VL's 3-D rope positions of ``ids`` (images marked by ``image_token``,
-    of ``grid`` patches each), from transformers' own ``get_rope_index`` on a model shell that
-    holds only the config (no weights)."""
+    cls_name: str, config: object, ids: torch.Tensor, image_token: int, grid: torch.Tensor | None, *,
+    video_token: int | None = None, video_grid: torch.Tensor | None = None,
+    second_per_grid_ts: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Qwen2-VL's / Qwen2.5-VL's / Qwen3-VL's 3-D rope positions of ``ids`` (images marked by
+    ``image_token``, of ``grid`` patches each; clips by ``video_token``, of ``video_grid``), from
+    transformers' own ``get_rope_index`` on a model shell that holds only the config (no
+    weights). ``second_per_grid_ts``: Qwen2.5-VL's seconds per temporal group of each clip."""
     import torch  # optional: the measured mode only (NOTE [ Families defer torch ])
     import transformers  # optional: the measured mode only
 
-    mm = torch.eq(ids, image_token).int()
+    mm = torch.eq(ids, image_token).int()  # mm_token_type_ids: text 0, image 1, video 2
+    if video_token is not None:
+        mm = mm + 2 * torch.eq(ids, video_token).int()
     model_cls = getattr(transformers, cls_name.replace("ForConditionalGeneration", "Model"))
     shell = model_cls.__new__(model_cls)  # get_rope_index reads only the config
     torch.nn.Module.__init__(shell)
     shell.config = config
-    positions: torch.Tensor = shell.get_rope_index(ids, mm, grid, None, None)[0]
+    extra = {} if second_per_grid_ts is None else {"second_per_grid_ts": second_per_grid_ts}
+    positions: torch.Tensor = shell.get_rope_index(
+        ids, mm, image_grid_thw=grid, video_grid_thw=video_grid, attention_mask=None, **extra
+    )[0]
     return positions
 
 

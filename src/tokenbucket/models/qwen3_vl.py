@@ -22,12 +22,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.models._base import TEXT_TOKEN
 from tokenbucket.models._hf_json import HFConfig, VideoKeys
 from tokenbucket.models._stages import Projector, VisionTower
 from tokenbucket.models.qwen2_vl import Qwen2VL, check_aspect
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["FAMILY", "QWEN3_VL_PIXELS", "QWEN3_VL_VIDEO", "Qwen3VL", "clip_resize"]
 
@@ -117,6 +121,14 @@ class Qwen3VL(Qwen2VL):
             hi = per_frame * frames
         hb, wb = clip_resize(frames, height, width, t, factor, lo, hi)
         return -(-frames // t), hb // patch, wb // patch
+
+    def min_video_text_tokens(self, groups: int) -> int:
+        return 3 * groups  # a timestamp (one token at least), a vision start and end token per temporal group
+
+    def video_placeholder(self, tconfig: PretrainedConfig, groups: int, per_group: int) -> list[int]:
+        # NOTE [ Qwen video inputs ]: each temporal group apart, after its timestamp (a plain text token here)
+        video = [int(tconfig.video_token_id)] * per_group
+        return [TEXT_TOKEN, tconfig.vision_start_token_id, *video, tconfig.vision_end_token_id] * groups
 
     def deepstack(self, cfg: HFConfig, layers: int) -> int:
         """How many DeepStack mergers the tower builds (one per ``deepstack_visual_indexes`` entry)."""
