@@ -32,6 +32,36 @@ PREPROCESSORS: dict[str, dict[str, Any]] = {
 }
 
 
+# the video processor's keys a truth point's clips were counted with (benchmarks/hf_truth.py QWEN3_VL_VIDEO_SIZE:
+# Qwen3-VL-2B-Instruct's video_preprocessor_config.json); the others: their video processor's class defaults
+VIDEO_PREPROCESSORS: dict[str, dict[str, Any]] = {
+    "qwen3-vl-2b": {"size": {"shortest_edge": 4096, "longest_edge": 25165824}},
+}
+
+
+def hf_config(arch: str, configs: dict[str, Any]) -> HFConfig:
+    """The ``HFConfig`` a truth point of ``arch`` is priced with: its stored config.json and the
+    processors' keys the generator counted its images and clips with."""
+    return HFConfig(f"<{arch}>", configs[arch], PREPROCESSORS.get(arch, {}), VIDEO_PREPROCESSORS.get(arch))
+
+
+def sample_of(point: dict[str, Any]) -> Sample:
+    """The :class:`Sample` a truth point measured: its images, or its clips of ``frames`` frames at ``fps``."""
+    if point.get("videos"):
+        return Sample(
+            videos=point["videos"], frames=point["frames"], height=point["height"], width=point["width"],
+            text_tokens=point["text_tokens"], fps=point.get("fps"),
+        )  # fmt: skip
+    return Sample(
+        images=point["images"], height=point["height"], width=point["width"], text_tokens=point["text_tokens"]
+    )
+
+
+def family_of(point: dict[str, Any]) -> str:
+    """The table row's name of a point: its arch, and ``(video)`` for clips."""
+    return point["arch"] + (" (video)" if point.get("videos") else "")
+
+
 def load(paths: list[Path]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     configs: dict[str, Any] = {}
     points: list[dict[str, Any]] = []
@@ -72,14 +102,12 @@ def predict(point: dict[str, Any], configs: dict[str, Any], *, default_loop: boo
     :class:`TrainSetup`'s default loop instead of the point's own (what a user who never says
     how the step is written gets)."""
     arch = point["arch"]
-    cfg = HFConfig(f"<{arch}>", configs[arch], PREPROCESSORS.get(arch, {}))
+    cfg = hf_config(arch, configs)
     model = staged_from_config(cfg, arch)
     setup = setup_of(point)
     if default_loop:
         setup = dataclasses.replace(setup, loop=TrainSetup().loop, use_cache=None)
-    sample = Sample(
-        images=point["images"], height=point["height"], width=point["width"], text_tokens=point["text_tokens"]
-    )
+    sample = sample_of(point)
     # a 1-step point is the first step; a 2-step point's peak is the second's (NOTE [ Steady state ])
     est = StagedCostModel(model, setup, config=cfg).memory(
         point["batch"], sample, first_step=point.get("steps", 1) == 1
@@ -108,7 +136,7 @@ def summary(table: list[tuple[dict[str, Any], int, str, float]]) -> None:
     """One row per (arch, training, sharding): points (steady-state ones), worst under and over."""
     groups: dict[tuple[str, str, str], list[tuple[dict[str, Any], float]]] = {}
     for p, _, _, err in table:
-        groups.setdefault((p["arch"], p["train"], p["sharding"]), []).append((p, err))
+        groups.setdefault((family_of(p), p["train"], p["sharding"]), []).append((p, err))
     print("| architecture | training | sharding | points (steady) | worst under | worst over |")
     print("| --- | --- | --- | ---: | ---: | ---: |")
     for (arch, train, sharding), pts in sorted(groups.items()):
@@ -132,10 +160,10 @@ def by_step_shape(paths: list[Path]) -> None:
         axes = {k: str(p.get(k, v)) for k, v in AXES_DEFAULTS.items()}
         own = 100.0 * (predict(p, configs)[0] - p["peak_bytes"]) / p["peak_bytes"]
         default = 100.0 * (predict(p, configs, default_loop=True)[0] - p["peak_bytes"]) / p["peak_bytes"]
-        loops.setdefault((p["arch"], axes["loop"], axes["kernels"]), []).append((own, default))
+        loops.setdefault((family_of(p), axes["loop"], axes["kernels"]), []).append((own, default))
         extra = [f"{k} {axes[k]}" for k in ("checkpointing", "optimizer", "use_cache") if axes[k] != AXES_DEFAULTS[k]]
         if extra:
-            others.setdefault((p["arch"], ", ".join(extra)), []).append(own)
+            others.setdefault((family_of(p), ", ".join(extra)), []).append(own)
     print(
         "| family | loop | kernels | points | its own loop: worst under / over | the default loop: worst under / over |"
     )
@@ -172,14 +200,15 @@ def main(argv: list[str]) -> None:
         return
     gib = 2**30
     print(
-        "| arch | train | sharding | step | B x (images HxW + text) | seq | predicted GiB | measured GiB | error % "
+        "| arch | train | sharding | step | B x (images or clips HxW + text) | seq | predicted GiB | measured GiB | error % "
         "| phase |"
     )
     print("| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
     for p, pred, phase, err in sorted(
         table, key=lambda r: (r[0]["arch"], r[0]["train"], r[0]["sharding"], r[0]["seq_len"])
     ):
-        shape = f"{p['batch']} x ({p['images']} {p['height']}x{p['width']} + {p['text_tokens']})"
+        vision = f"{p['videos']} x {p['frames']} frames" if p.get("videos") else str(p["images"])
+        shape = f"{p['batch']} x ({vision} {p['height']}x{p['width']} + {p['text_tokens']})"
         print(
             f"| {p['arch']} | {p['train']} | {p['sharding']} | {_step_tag(p)} | {shape} | {p['seq_len']} | "
             f"{pred / gib:.3f} | "

@@ -7,6 +7,8 @@ Command (what ``tests/data/hf_truth.json`` comes from; no GPU, no downloads):
     .venv/bin/python benchmarks/hf_truth.py --steps 2 --shapes 1 --out /tmp/steady.json  # steady state
     .venv/bin/python benchmarks/hf_truth.py --sharding ddp8 --shapes 2 --out /tmp/ddp.json  # DDP's buckets
     .venv/bin/python benchmarks/hf_truth.py --merge a.json b.json --out tests/data/hf_truth.json
+    # video clips (VIDEO_SHAPES: pixel_values_videos through the model's video path), one arch at a time:
+    .venv/bin/python benchmarks/hf_truth.py --video --only qwen2-vl-2b --out tests/data/hf_truth_video.json
     # how the step is written (AXES; each flag repeatable, every combination measured):
     .venv/bin/python benchmarks/hf_truth.py --shapes 1 --sharding none --train full --steps 2 \
         --loop dropped --loop held --kernels cpu --kernels cuda --out /tmp/loops.json
@@ -19,6 +21,14 @@ one training step: forward with labels, backward, ``AdamW(foreach=True).step()``
 live tensor bytes comes from PyTorch's own trackers: ``MemTracker`` (unsharded) and
 ``FSDPMemTracker`` over FSDP2 ``fully_shard`` on a fake process group of 8 ranks. Unsharded points
 also carry tokenbucket's ``StorageTracker`` peak (512 B rounding, like the CUDA allocator).
+
+A video point (``--video``, ``VIDEO_SHAPES``) holds ``videos`` clips of ``frames`` frames at
+``fps``, fed as a Qwen processor feeds them: ``pixel_values_videos`` and ``video_grid_thw`` (and
+Qwen2.5-VL's ``second_per_grid_ts``), video tokens between vision start and end tokens (Qwen3-VL:
+per temporal group, after a timestamp that one text token stands for), counted from transformers'
+own resize and frame sampling; its ``video_tokens`` are per sample, its ``image_tokens`` 0.
+Measured on one arch at a time (2 cores): qwen2-vl-2b WALL_Q2, qwen2.5-vl-3b WALL_Q25,
+qwen3-vl-2b WALL_Q3 for its 18 points.
 
 A point also says how its step was written (``AXES``, NOTE [ Step shapes ] in
 ``tokenbucket.cost.hf_profile``): ``loop`` (``dropped``: ``loss = model(**batch).loss``, the HF
@@ -478,6 +488,14 @@ SHAPES: dict[str, list[tuple[int, int, int, int, int]]] = {
     "mistral-small-3.1-24b": [(1, 1, 224, 224, 256), (2, 2, 448, 448, 1024), (1, 4, 896, 672, 2048)],
 }
 
+# per arch with a video path: (batch, clips per sample, frames per clip, height, width, text tokens, clip fps);
+# at 2 fps Qwen3-VL's processor keeps every frame (it samples at 2 fps), the Qwen2 ones always do
+VideoShape = tuple[int, int, int, int, int, int, float]
+VIDEO_SHAPES: dict[str, list[VideoShape]] = {
+    name: [(1, 1, 16, 448, 448, 256, 2.0), (2, 2, 8, 336, 336, 512, 2.0), (1, 4, 4, 224, 224, 1024, 2.0)]
+    for name in ("qwen2-vl-2b", "qwen2.5-vl-3b", "qwen3-vl-2b")
+}
+
 TRAINS = ("full", "frozen-vision", "lora")
 # how the step is written (NOTE [ Step shapes ] in tokenbucket.cost.hf_profile); the first of each is
 # what every point without the field was measured under
@@ -533,6 +551,43 @@ def _qwen3_grid(h: int, w: int) -> tuple[int, int]:
         beta = (min_pixels / (h * w)) ** 0.5
         hb, wb = math.ceil(h * beta / factor) * factor, math.ceil(w * beta / factor) * factor
     return hb // 16, wb // 16
+
+
+# Qwen/Qwen3-VL-2B-Instruct's video_preprocessor_config.json (its fps 2, min_frames 4 and max_frames 768 are
+# Qwen3VLVideoProcessor's own); the Qwen2 archs' clips get Qwen2VLVideoProcessor's defaults
+QWEN3_VL_VIDEO_SIZE = {"shortest_edge": 4096, "longest_edge": 25165824}
+
+
+def _sampled(name: str, frames: int, fps: float) -> int:
+    """The frames a clip of ``frames`` frames at ``fps`` keeps: all of them (Qwen2VLVideoProcessor:
+    do_sample_frames off), or Qwen3VLVideoProcessor's own ``sample_frames`` (2 fps, at least 4)."""
+    if name != "qwen3-vl-2b":
+        return frames
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    proc = types.SimpleNamespace(fps=Qwen3VLVideoProcessor.fps, min_frames=Qwen3VLVideoProcessor.min_frames,
+                                 max_frames=Qwen3VLVideoProcessor.max_frames)  # fmt: skip
+    meta = VideoMetadata(total_num_frames=frames, fps=fps)
+    return len(Qwen3VLVideoProcessor.sample_frames(proc, meta))
+
+
+def _video_grid(name: str, frames: int, h: int, w: int, fps: float) -> tuple[int, int, int]:
+    """``video_grid_thw`` of one clip: the kept frames padded to pairs, each frame resized the way
+    the video processor resizes it (transformers' own smart_resize, the video processors' default sizes)."""
+    n = _sampled(name, frames, fps)
+    if name == "qwen3-vl-2b":  # Qwen3VLVideoProcessor: the pixel bounds hold for the whole clip
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
+
+        size = QWEN3_VL_VIDEO_SIZE
+        hb, wb = smart_resize(n, h, w, temporal_factor=2, factor=32, min_pixels=size["shortest_edge"],
+                              max_pixels=size["longest_edge"])  # fmt: skip
+        return -(-n // 2), hb // 16, wb // 16
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as frame_resize
+
+    # Qwen2VLVideoProcessor's size: {"shortest_edge": 128 * 28 * 28, "longest_edge": 768 * 28 * 28} per frame
+    hb, wb = frame_resize(h, w, factor=28, min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28)
+    return -(-n // 2), hb // 14, wb // 14
 
 
 def _next_patches(config: Any, h: int, w: int) -> tuple[int, tuple[int, int]]:
@@ -658,15 +713,17 @@ def _build_model(name: str, config: Any, train: str, checkpointing: str = "none"
         )
 
 
-def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _real_inputs(name: str, config: Any, shape: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Real small inputs (token ids, grids) and the fake-to-be ones as (shape, dtype) specs."""
     batch, images, h, w = shape["batch"], shape["images"], shape["height"], shape["width"]
     n_img, n_txt = shape["image_tokens"], shape["text_tokens"]
     length = n_img + n_txt
     real: dict[str, Any] = {}
     fake: dict[str, Any] = {}
-    ids = torch.full((batch, length), 100, dtype=torch.long)
-    if name in ("qwen2-vl-2b", "qwen2.5-vl-3b", "qwen3-vl-2b"):
+    ids = torch.full((batch, length + shape.get("video_tokens", 0)), 100, dtype=torch.long)
+    if shape.get("videos"):
+        real.update(_video_inputs(name, config, shape, ids, fake))
+    elif name in ("qwen2-vl-2b", "qwen2.5-vl-3b", "qwen3-vl-2b"):
         gh, gw = _qwen3_grid(h, w) if name == "qwen3-vl-2b" else _qwen_grid(h, w)
         patch = 16 if name == "qwen3-vl-2b" else 14
         per = gh * gw // 4
@@ -718,6 +775,52 @@ def _real_inputs(name: str, config: Any, shape: dict[str, int]) -> tuple[dict[st
     return real, fake
 
 
+def _video_inputs(
+    name: str, config: Any, shape: dict[str, Any], ids: torch.Tensor, fake: dict[str, Any]
+) -> dict[str, Any]:
+    """A Qwen processor's clips: their markers and video tokens placed in ``ids``, the pixels
+    added to ``fake``; returns the real grid, positions (and Qwen2.5-VL's seconds per group)."""
+    batch, videos, frames, fps = shape["batch"], shape["videos"], shape["frames"], shape["fps"]
+    gt, gh, gw = _video_grid(name, frames, shape["height"], shape["width"], fps)
+    per, patch = gh * gw // 4, 16 if name == "qwen3-vl-2b" else 14
+    start, end, video = config.vision_start_token_id, config.vision_end_token_id, config.video_token_id
+    row: list[int] = []
+    for _ in range(videos):
+        if name == "qwen3-vl-2b":  # Qwen3VLProcessor: "<t seconds>" and the group's tokens, per temporal group
+            row += ([100, start] + [video] * per + [end]) * gt
+        else:
+            row += [start] + [video] * (gt * per) + [end]
+    ids[:, : len(row)] = torch.tensor(row)
+    grid = torch.tensor([[gt, gh, gw]] * (videos * batch), dtype=torch.long)
+    real: dict[str, Any] = {"video_grid_thw": grid}
+    if name == "qwen2.5-vl-3b":  # Qwen2_5_VLProcessor: temporal_patch_size / the sampled frames' fps
+        real["second_per_grid_ts"] = torch.tensor([2 / (fps * _sampled(name, frames, fps) / frames)] * (videos * batch))
+    real["position_ids"] = qwen_rope_positions(
+        config.model_type, config, ids, config.image_token_id, None, video_token=video, video_grid=grid,
+        second_per_grid_ts=real.get("second_per_grid_ts"),
+    )  # fmt: skip
+    fake["pixel_values_videos"] = ((videos * batch * gt * gh * gw, 3 * 2 * patch * patch), torch.bfloat16)
+    return real
+
+
+def video_record(name: str, shape: VideoShape) -> dict[str, Any]:
+    """The shape fields of one video point: video_tokens and text_tokens are per sample."""
+    batch, videos, frames, h, w, text, fps = shape
+    gt, gh, gw = _video_grid(name, frames, h, w, fps)
+    return {
+        "batch": batch,
+        "images": 0,
+        "videos": videos,
+        "frames": frames,
+        "fps": fps,
+        "height": h,
+        "width": w,
+        "image_tokens": 0,
+        "video_tokens": videos * gt * gh * gw // 4,
+        "text_tokens": text,
+    }
+
+
 def shape_record(name: str, shape: tuple[int, int, int, int, int], config: Any | None = None) -> dict[str, int]:
     """The shape fields of one point: image_tokens and text_tokens are per sample."""
     batch, images, h, w, text = shape
@@ -734,7 +837,7 @@ def shape_record(name: str, shape: tuple[int, int, int, int, int], config: Any |
 
 
 def measure(
-    name: str, train: str, sharding: str, shape: tuple[int, int, int, int, int] | dict[str, int], steps: int = 1,
+    name: str, train: str, sharding: str, shape: tuple[int, int, int, int, int] | dict[str, Any], steps: int = 1,
     **axes: str,
 ) -> dict[str, Any]:  # fmt: skip
     """``steps`` training steps of ``name`` at ``shape`` under ``train``/``sharding``; the point's record.
@@ -781,7 +884,8 @@ def measure(
 
 def _key(p: dict[str, Any]) -> tuple[Any, ...]:
     shape = (p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
-    return (p["arch"], p["train"], p["sharding"], *shape, p.get("steps", 1), *axes_of(p).values())
+    clips = (p.get("videos", 0), p.get("frames", 0), p.get("fps") or 0.0)  # (0, 0, 0.0): an image point
+    return (p["arch"], p["train"], p["sharding"], *shape, p.get("steps", 1), *axes_of(p).values(), *clips)
 
 
 def _axes_tag(axes: dict[str, str]) -> str:
@@ -790,7 +894,9 @@ def _axes_tag(axes: dict[str, str]) -> str:
 
 
 def _tag(p: dict[str, Any]) -> str:
-    shape = (p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
+    shape: tuple[Any, ...] = (p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
+    if p.get("videos"):  # (batch, clips, frames, height, width, text, fps)
+        shape = ("video", p["batch"], p["videos"], p["frames"], p["height"], p["width"], p["text_tokens"], p["fps"])
     steps = "" if p.get("steps", 1) == 1 else f"/steps={p['steps']}"
     return f"{p['arch']}/{p['train']}/{p['sharding']}/{shape}{steps}{_axes_tag(axes_of(p))}"
 
@@ -830,6 +936,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--merge", nargs="+", type=Path, help="merge these fixture files into --out")
     parser.add_argument("--missing-reason", help="with --merge: record planned points not measured, with this reason")
     parser.add_argument("--train", action="append", choices=TRAINS, help="only these training setups")
+    parser.add_argument("--video", action="store_true", help="measure each arch's VIDEO_SHAPES (clips) instead")
     for axis, values in AXES.items():
         parser.add_argument(
             f"--{axis.replace('_', '-')}", action="append", choices=values,
@@ -859,12 +966,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     points, failures = _load(args.out)
     done = {_key(p): p for p in points}
-    for name in args.only or list(ARCHS):
-        for shape in SHAPES[name][: args.shapes]:  # every setup at the small shape first
+    table: dict[str, list[Any]] = dict(VIDEO_SHAPES) if args.video else dict(SHAPES)
+    for name in args.only or list(table):
+        for shape in table[name][: args.shapes]:  # every setup at the small shape first
             for (train, sharding), axes in itertools.product(setups(name, args.sharding or SHARDINGS), combos):
                 if args.train and train not in args.train:
                     continue
-                fields = shape_record(name, shape)
+                fields = video_record(name, shape) if args.video else shape_record(name, shape)
                 planned = {"arch": name, "train": train, "sharding": sharding, **fields, "steps": args.steps, **axes}
                 key = _key(planned)
                 if key in done:

@@ -53,15 +53,19 @@ def test_hf_truth_fixture_covers_every_arch_and_setup() -> None:
     assert not missing, missing
     assert {p["arch"] for p in data["points"]} == set(data["configs"])
     # plain decoders never carry a frozen-vision setup
-    assert not any(p["train"] == "frozen-vision" and p["images"] == 0 for p in data["points"])
+    assert not any(p["train"] == "frozen-vision" and p["images"] == p.get("videos", 0) == 0 for p in data["points"])
 
 
 def test_hf_truth_fixture_tokens_add_up() -> None:
     # image tokens + text tokens = the input_ids length, counted the way each processor counts
     for p in _data()["points"]:
-        assert p["image_tokens"] + p["text_tokens"] == p["seq_len"], p
-        shape = (p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
-        assert hf_truth.shape_record(p["arch"], shape)["image_tokens"] == p["image_tokens"]
+        assert p["image_tokens"] + p.get("video_tokens", 0) + p["text_tokens"] == p["seq_len"], p
+        if p.get("videos"):  # a video point: its clips' tokens, counted from the video processors' rules
+            shape = (p["batch"], p["videos"], p["frames"], p["height"], p["width"], p["text_tokens"], p["fps"])
+            assert hf_truth.video_record(p["arch"], shape)["video_tokens"] == p["video_tokens"]
+        else:
+            shape = (p["batch"], p["images"], p["height"], p["width"], p["text_tokens"])
+            assert hf_truth.shape_record(p["arch"], shape)["image_tokens"] == p["image_tokens"]
         assert p["peak_bytes"] > 0 and p["params_trainable"] <= p["params_total"]
         assert (p["world"] == 8) == (p["sharding"] in ("fsdp8", "ddp8"))
 
@@ -80,6 +84,24 @@ def test_hf_truth_image_tokens_match_processors() -> None:
     )
     assert tuple(real["input_ids"].shape) == (2, 512 + 64)
     assert int((real["input_ids"] == 151655).sum()) == 2 * 512
+
+
+def test_hf_truth_video_tokens_match_the_video_processors() -> None:
+    # Qwen2-VL: 16 frames at 448 px, 8 temporal groups of 32 x 32 patches (Qwen2VLVideoProcessor's sizes)
+    assert hf_truth.video_record("qwen2-vl-2b", (1, 1, 16, 448, 448, 8, 2.0))["video_tokens"] == 8 * 256
+    # a 224 px frame is upscaled to 336 (at least 128 merged patches a frame)
+    assert hf_truth.video_record("qwen2.5-vl-3b", (1, 2, 4, 224, 224, 8, 2.0))["video_tokens"] == 2 * 2 * 144
+    # Qwen3-VL keeps 2 frames a second (every frame at 2 fps, 4 of 48 at 24 fps) at 16-px patches
+    assert hf_truth.video_record("qwen3-vl-2b", (1, 1, 16, 448, 448, 8, 2.0))["video_tokens"] == 8 * 196
+    assert hf_truth.video_record("qwen3-vl-2b", (1, 1, 48, 448, 448, 8, 24.0))["video_tokens"] == 2 * 196
+    config = hf_truth.build_config("qwen3-vl-2b")
+    real, fake = hf_truth._real_inputs(
+        "qwen3-vl-2b", config, hf_truth.video_record("qwen3-vl-2b", (2, 1, 4, 224, 224, 8, 2.0))
+    )
+    ids = real["input_ids"][0].tolist()  # each temporal group after its own timestamp and vision start token
+    group = [100, config.vision_start_token_id, *[config.video_token_id] * 49, config.vision_end_token_id]
+    assert ids == group * 2 + [100] * 2 and real["video_grid_thw"].tolist() == [[2, 14, 14]] * 2
+    assert fake["pixel_values_videos"][0] == (2 * 2 * 14 * 14, 3 * 2 * 16 * 16)
 
 
 @pytest.mark.slow
@@ -128,4 +150,20 @@ def test_hf_truth_step_shapes_remeasure_equal_fixture(arch: str, index: int, axe
     for key in ("peak_breakdown", "phase_peaks", "storage_tracker_phase_peaks"):
         got, want = fresh.pop(key), stored.pop(key)
         assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], abs=64 * 1024) for k in want)
+    assert fresh == stored
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("arch", "train"), [("qwen2.5-vl-3b", "frozen-vision"), ("qwen3-vl-2b", "lora")])
+def test_hf_truth_video_remeasure_equals_fixture(arch: str, train: str) -> None:
+    fields = hf_truth.video_record(arch, hf_truth.VIDEO_SHAPES[arch][2])
+    stored = next(
+        dict(p) for p in _data()["points"]
+        if (p["arch"], p["train"], p["sharding"], p["steps"]) == (arch, train, "none", 1)
+        and all(p.get(k) == v for k, v in fields.items())
+    )  # fmt: skip
+    fresh = json.loads(json.dumps(hf_truth.measure(arch, train, "none", fields)))
+    for key in VOLATILE:
+        stored.pop(key)
+        fresh.pop(key)
     assert fresh == stored

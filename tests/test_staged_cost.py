@@ -68,17 +68,27 @@ CONFIGS, POINTS = _truth()
 
 def _key(p: dict[str, Any]) -> tuple[Any, ...]:
     axes = tuple(str(p.get(k, v)) for k, v in bench_staged_cost.AXES_DEFAULTS.items())
-    return (p["arch"], p["train"], p["sharding"], p["batch"], p["seq_len"], p.get("steps", 1), *axes)
+    clips = ("video", p["videos"], p["frames"]) if p.get("videos") else ()  # a video point: its clips and frames
+    return (p["arch"], p["train"], p["sharding"], p["batch"], p["seq_len"], p.get("steps", 1), *axes, *clips)
 
 
 def _predict(p: dict[str, Any]) -> int:
-    cfg = HFConfig(f"<{p['arch']}>", CONFIGS[p["arch"]], PREPROCESSORS.get(p["arch"], {}))
+    cfg = HFConfig(
+        f"<{p['arch']}>", CONFIGS[p["arch"]], PREPROCESSORS.get(p["arch"], {}),
+        bench_staged_cost.VIDEO_PREPROCESSORS.get(p["arch"]),
+    )  # fmt: skip
     setup = bench_staged_cost.setup_of(p)
-    sample = Sample(images=p["images"], height=p["height"], width=p["width"], text_tokens=p["text_tokens"])
+    if p.get("videos"):  # clips of frames at the point's fps, through the family's video processor
+        sample = Sample(videos=p["videos"], frames=p["frames"], height=p["height"], width=p["width"],
+                        text_tokens=p["text_tokens"], fps=p["fps"])  # fmt: skip
+    else:
+        sample = Sample(images=p["images"], height=p["height"], width=p["width"], text_tokens=p["text_tokens"])
     model = StagedCostModel(staged_from_config(cfg, p["arch"]), setup, config=cfg)
     # a 1-step point is the first step; a 2-step point's peak is the second's (NOTE [ Steady state ])
     est = model.memory(p["batch"], sample, first_step=p.get("steps", 1) == 1)
-    assert est.seq_len == p["seq_len"]  # the image -> LLM token mapping agrees with the processor's
+    assert est.seq_len == p["seq_len"]  # the image (clip) -> LLM token mapping agrees with the processor's
+    if p.get("videos"):  # the clips were priced as clips, on the grid the generator fed the model
+        assert model.clips(sample) and model.sample_vision(sample).llm_tokens == p["video_tokens"]
     return est.peak_bytes
 
 
