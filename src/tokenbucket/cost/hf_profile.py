@@ -503,11 +503,15 @@ def with_markers(cfg: HFConfig, sample: Sample) -> Sample:
 
 
 def qwen_rope_positions(
-    model_type: str, config: object, ids: torch.Tensor, image_token: int, grid: torch.Tensor | None, **video: Any
-) -> torch.Tensor:
-    """Qwen2-VL's / Qwen2.5-VL's / Qwen3-VL's 3-D rope positions (:func:`tokenbucket.models.qwen2_vl.rope_positions`;
-    ``video``: its ``video_token``, ``video_grid`` and ``second_per_grid_ts``)."""
-    positions: torch.Tensor = rope_positions(HF_CLASSES[model_type][0], config, ids, image_token, grid, **video)
+    model_type: str, config: object, ids: torch.Tensor, image_token: int, grid: torch.Tensor | None, *,
+    video_token: int | None = None, video_grid: torch.Tensor | None = None,
+    second_per_grid_ts: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Qwen2-VL's / Qwen2.5-VL's / Qwen3-VL's 3-D rope positions (:func:`tokenbucket.models.qwen2_vl.rope_positions`)."""
+    positions: torch.Tensor = rope_positions(
+        HF_CLASSES[model_type][0], config, ids, image_token, grid, video_token=video_token, video_grid=video_grid,
+        second_per_grid_ts=second_per_grid_ts,
+    )  # fmt: skip
     return positions
 
 
