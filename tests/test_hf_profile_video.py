@@ -7,11 +7,14 @@ model's price of the same clip (NOTE [ Qwen video inputs ] in tokenbucket.models
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import transformers
 
+from tests.test_cli_errors import cli, one_line_error
 from tests.test_profile_hf_cli import TINY_VL
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.hf_model import staged_from_config
@@ -173,3 +176,19 @@ def test_profile_hf_video_processor_the_tower_cannot_read_raises_one_line() -> N
         "video_preprocessor_config.json next to '<tiny>': patch_size=16 does not match the vision tower's 14: "
         "the model cannot read these clips"
     )
+
+
+def test_profile_cli_hf_config_video_sample_measures_the_clips_beside_their_price(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(TINY_VL))
+    sample = {"videos": 2, "frames": 8, "height": 448, "width": 448, "text_tokens": 64}
+    code, out, err = cli(capsys, "profile", "--hf-config", str(tmp_path), "--sample", json.dumps(sample), "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["seq_len"] == 2 * 4 * 256 + 64  # two clips of 4 temporal groups, not 16 images of 256 tokens
+    assert r["within_band"] and abs(r["error_percent"]) < 1.0
+    code, _, err = cli(
+        capsys, "profile", "--hf-config", str(tmp_path), "--sample", json.dumps({**sample, "text_tokens": 3})
+    )
+    assert code != 0 and "text_tokens should be at least 2 x videos = 4" in one_line_error(err, "text_tokens")
