@@ -7,7 +7,8 @@ Command (reads ``tests/data/hf_truth.json``, or the files given; no GPU, a secon
     .venv/bin/python benchmarks/bench_staged_cost.py --summary   # the README's table
 
 Prints a markdown table (arch x train x sharding x shape: predicted and measured GiB per rank,
-error %) and the worst over- and under-prediction. The truth comes from
+error %) and the worst over- and under-prediction. A video point (clips of frames) is priced as
+its clips and summed in rows of its own, ``ARCH (video)``. The truth comes from
 ``benchmarks/hf_truth.py`` (one bf16 step, AdamW foreach, sdpa, MemTracker / FSDPMemTracker).
 """
 

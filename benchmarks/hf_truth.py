@@ -8,7 +8,10 @@ Command (what ``tests/data/hf_truth.json`` comes from; no GPU, no downloads):
     .venv/bin/python benchmarks/hf_truth.py --sharding ddp8 --shapes 2 --out /tmp/ddp.json  # DDP's buckets
     .venv/bin/python benchmarks/hf_truth.py --merge a.json b.json --out tests/data/hf_truth.json
     # video clips (VIDEO_SHAPES: pixel_values_videos through the model's video path), one arch at a time:
-    .venv/bin/python benchmarks/hf_truth.py --video --only qwen2-vl-2b --out tests/data/hf_truth_video.json
+    .venv/bin/python benchmarks/hf_truth.py --video --only qwen2-vl-2b --out /tmp/video_qwen2vl.json
+    .venv/bin/python benchmarks/hf_truth.py --video --only qwen2-vl-2b --steps 2 --shapes 1 --sharding none \
+        --out /tmp/video_qwen2vl.json
+    .venv/bin/python benchmarks/hf_truth.py --merge /tmp/video_*.json --out tests/data/hf_truth_video.json
     # how the step is written (AXES; each flag repeatable, every combination measured):
     .venv/bin/python benchmarks/hf_truth.py --shapes 1 --sharding none --train full --steps 2 \
         --loop dropped --loop held --kernels cpu --kernels cuda --out /tmp/loops.json
@@ -27,8 +30,10 @@ A video point (``--video``, ``VIDEO_SHAPES``) holds ``videos`` clips of ``frames
 Qwen2.5-VL's ``second_per_grid_ts``), video tokens between vision start and end tokens (Qwen3-VL:
 per temporal group, after a timestamp that one text token stands for), counted from transformers'
 own resize and frame sampling; its ``video_tokens`` are per sample, its ``image_tokens`` 0.
-Measured on one arch at a time (2 cores): qwen2-vl-2b WALL_Q2, qwen2.5-vl-3b WALL_Q25,
-qwen3-vl-2b WALL_Q3 for its 18 points.
+Measured one arch at a time on 2 shared cores: 18 one-step points (3 trains x none/fsdp8 x 3
+shapes) in 491 s (qwen2-vl-2b), 582 s (qwen2.5-vl-3b) and 192 s (qwen3-vl-2b); 3 steady-state ones
+(``--steps 2 --shapes 1 --sharding none``) in 49, 128 and 49 s. ``tests/data/hf_truth_video.json``
+holds them, merged into ``tests/data/hf_truth.json``.
 
 A point also says how its step was written (``AXES``, NOTE [ Step shapes ] in
 ``tokenbucket.cost.hf_profile``): ``loop`` (``dropped``: ``loss = model(**batch).loss``, the HF
