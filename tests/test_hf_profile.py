@@ -31,7 +31,9 @@ TINY = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num
 def _point(arch: str, train: str, sharding: str) -> dict[str, Any]:
     data = json.loads(FIXTURE.read_text())
     for p in data["points"]:
-        if (p["arch"], p["train"], p["sharding"], p["steps"], p["batch"]) == (arch, train, sharding, 1, 1):
+        if (p["arch"], p["train"], p["sharding"], p["steps"], p["batch"], p.get("videos", 0)) == (
+            arch, train, sharding, 1, 1, 0
+        ):  # fmt: skip
             return {**p, "config": data["configs"][arch]}
     raise AssertionError(f"no stored point {arch}/{train}/{sharding}")
 
