@@ -24,8 +24,12 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# the suite in TEST_WORKERS processes (pytest-xdist), then the tests that time real steps, alone
+TEST_WORKERS ?= 2
+
 test: lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not serial"
+	$(BIN)/python -m pytest -q -m serial
 
 demo: setup
 	$(BIN)/tokenbucket demo
