@@ -23,7 +23,6 @@ breakdown counted for its samples, by the collate (``video_token_id``) and below
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
 from tokenbucket import CostModel, ModalityCollate, ModelSpec, TokenSpec, breakdown_table
+from tokenbucket.models.qwen2_vl import smart_resize as qwen_resize
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.tokens.hf import token_spec_from_hf
 from tokenbucket.train.collate import TokenBucketDataset
@@ -100,15 +100,7 @@ def metadata(n: int, seed: int = 0) -> pa.Table:
 
 def smart_resize(height: int, width: int) -> tuple[int, int]:
     """The video processor's resize: both sides multiples of 28, the area within the bounds."""
-    f = PATCH * MERGE
-    h, w = max(f, round(height / f) * f), max(f, round(width / f) * f)
-    if h * w > MAX_PIXELS:
-        beta = math.sqrt(height * width / MAX_PIXELS)
-        h, w = max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)
-    elif h * w < MIN_PIXELS:
-        beta = math.sqrt(MIN_PIXELS / (height * width))
-        h, w = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
-    return h, w
+    return qwen_resize(height, width, PATCH * MERGE, MIN_PIXELS, MAX_PIXELS, floor=0)
 
 
 def to_patches(frames: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:

@@ -58,6 +58,17 @@ _TOWERS: dict[str, dict[str, Any]] = {
 MAX_ASPECT = 200  # smart_resize refuses a frame whose long side is more than 200 times its short side
 
 
+def check_pixel_bounds(where: str, lo: int, hi: int, factor: int) -> None:
+    """``[lo, hi]`` pixel bounds hold one merged patch (``factor`` x ``factor``) and are in order."""
+    if hi < factor * factor:
+        raise ConfigError(
+            f"{where}: max_pixels should hold at least one merged patch ({factor}x{factor}={factor * factor} "
+            f"pixels), but got max_pixels={hi}"
+        )
+    if lo > hi:
+        raise ConfigError(f"{where}: min_pixels should be <= max_pixels={hi}, but got min_pixels={lo}")
+
+
 def smart_resize(
     height: int, width: int, factor: int, min_pixels: int, max_pixels: int, *, floor: int | None = None
 ) -> tuple[int, int]:
@@ -143,17 +154,7 @@ class Qwen2VL(Family):
     def image_rule(self, cfg: HFConfig) -> dict[str, Any]:
         lo, hi = self.pixels(cfg)
         patch, merge = self.vision_int(cfg, "patch_size"), self.vision_int(cfg, "spatial_merge_size")
-        factor = patch * merge
-        if hi < factor * factor:
-            raise ConfigError(
-                f"preprocessor_config.json next to {cfg.path!r}: max_pixels should hold at least one merged patch "
-                f"({factor}x{factor}={factor * factor} pixels), but got max_pixels={hi}"
-            )
-        if lo > hi:
-            raise ConfigError(
-                f"preprocessor_config.json next to {cfg.path!r}: min_pixels should be <= max_pixels={hi}, "
-                f"but got min_pixels={lo}"
-            )
+        check_pixel_bounds(f"preprocessor_config.json next to {cfg.path!r}", lo, hi, patch * merge)
         return {"patch": patch, "merge": merge, "min_pixels": lo, "max_pixels": hi}
 
     def grid(self, rule: Mapping[str, Any], height: int, width: int) -> tuple[int, int]:
@@ -212,14 +213,7 @@ class Qwen2VL(Family):
                 f"{keys.where}: do_sample_frames needs fps or num_frames (the video processor fails without "
                 "either), but got neither"
             )
-        factor = patch * merge
-        if hi < factor * factor:
-            raise ConfigError(
-                f"{keys.where}: max_pixels should hold at least one merged patch ({factor * factor} pixels), "
-                f"but got {hi}"
-            )
-        if lo > hi:
-            raise ConfigError(f"{keys.where}: min_pixels should be <= max_pixels={hi}, but got min_pixels={lo}")
+        check_pixel_bounds(keys.where, lo, hi, patch * merge)
         return rule
 
     def sampled_frames(self, rule: Mapping[str, Any], frames: int, fps: float | None) -> int:
