@@ -1,8 +1,11 @@
-"""profile_hf on video samples: Qwen2-VL / Qwen2.5-VL / Qwen3-VL clips through the model's own video path.
+"""profile_hf on video samples: Qwen2-VL / Qwen2.5-VL / Qwen3-VL, LLaVA-OneVision and SmolVLM2
+clips through the model's own video path.
 
-The oracle is transformers' model code: a clip reaches ``get_video_features`` as
-``pixel_values_videos`` with its ``video_grid_thw``, and the measured peak is held to the staged
-model's price of the same clip (NOTE [ Qwen video inputs ] in tokenbucket.models.qwen2_vl).
+The oracle is transformers' model code: a Qwen clip reaches ``get_video_features`` as
+``pixel_values_videos`` with its ``video_grid_thw``, a LLaVA-OneVision clip as
+``pixel_values_videos`` [clips, frames, 3, side, side], a SmolVLM2 clip as unsplit frames in
+``pixel_values``; the measured peak is held to the staged model's price of the same clip
+(NOTE [ Qwen video inputs ], NOTE [ LLaVA-OneVision video inputs ], NOTE [ SmolVLM video inputs ]).
 """
 
 from __future__ import annotations
@@ -192,3 +195,94 @@ def test_profile_cli_hf_config_video_sample_measures_the_clips_beside_their_pric
         capsys, "profile", "--hf-config", str(tmp_path), "--sample", json.dumps({**sample, "text_tokens": 3})
     )
     assert code != 0 and "text_tokens should be at least 2 x videos = 4" in one_line_error(err, "text_tokens")
+
+
+# -- LLaVA-OneVision and SmolVLM2: a clip's frames through the model as its video processor makes them --
+
+TINY_OV = {
+    "model_type": "llava_onevision", "tie_word_embeddings": True, "vision_feature_layer": -1,
+    "image_token_index": 151646, "video_token_index": 151647,
+    "text_config": {"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+                    "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 152000},
+    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 64, "intermediate_size": 128,
+                      "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 112, "patch_size": 14,
+                      "vision_use_head": False},
+}  # fmt: skip
+OV_VIDEO = {"size": {"height": 112, "width": 112}}  # the video processor makes the tower's square
+TINY_SMOL = {
+    "model_type": "smolvlm", "scale_factor": 2, "image_token_id": 49190, "tie_word_embeddings": True,
+    "vision_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                      "image_size": 128, "patch_size": 16},
+    "text_config": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+                    "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 49280},
+}  # fmt: skip
+SMOL_VIDEO = {"max_image_size": {"longest_edge": 128}}  # every frame the tower's square, all kept
+FRAMES = Sample(videos=2, frames=8, height=240, width=320, text_tokens=64, fps=2.0)
+
+
+def test_profile_hf_onevision_clips_run_get_video_features_within_the_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = HFConfig("<tiny-ov>", TINY_OV, {}, OV_VIDEO)
+    seen: list[tuple[int, ...]] = []
+    orig = transformers.LlavaOnevisionModel.get_video_features
+
+    def spy(self: Any, pixel_values_videos: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(tuple(pixel_values_videos.shape))
+        return orig(self, pixel_values_videos, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.LlavaOnevisionModel, "get_video_features", spy)
+    real, fake = hf_inputs(cfg, transformers_config(cfg)[0], FRAMES, 2)
+    # NOTE [ LLaVA-OneVision video inputs ]: one row of frames per clip, 8 x 4 x 4 pooled tokens + a newline each
+    assert fake == {"pixel_values_videos": ((4, 8, 3, 112, 112), torch.bfloat16)}
+    assert set(real) == {"input_ids", "labels"} and real["input_ids"].shape == (2, 2 * 129 + 64)
+    assert int((real["input_ids"][0] == 151647).sum()) == 2 * 129 and int((real["input_ids"] == 151646).sum()) == 0
+    for setup in (STEADY, TrainSetup(train="frozen-vision", loop="dropped")):
+        run = profile_hf(cfg, FRAMES, 2, setup, steps=2)
+        est = _cost(cfg, setup).memory(2, FRAMES)
+        assert run.seq_len == est.seq_len == 2 * 129 + 64
+        assert ERROR_BAND[0] <= 100.0 * (est.peak_bytes - run.peak_bytes) / run.peak_bytes <= ERROR_BAND[1]
+    assert seen == [(4, 8, 3, 112, 112)] * 4  # the video path, once a step
+
+
+def test_profile_hf_smolvlm_clips_are_unsplit_frames_within_the_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = HFConfig("<tiny-smolvlm>", TINY_SMOL, {}, SMOL_VIDEO)
+    seen: list[tuple[int, ...]] = []
+    orig = transformers.SmolVLMModel.get_image_features
+
+    def spy(self: Any, pixel_values: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(tuple(pixel_values.shape))
+        return orig(self, pixel_values, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.SmolVLMModel, "get_image_features", spy)
+    real, fake = hf_inputs(cfg, transformers_config(cfg)[0], FRAMES, 2)
+    # NOTE [ SmolVLM video inputs ]: each kept frame one 128 px image, never split: 8 x 8 / 2**2 = 16 tokens
+    assert real["pixel_values"].shape == (2, 16, 3, 128, 128) and real["pixel_attention_mask"].shape == (
+        2,
+        16,
+        128,
+        128,
+    )
+    assert fake == {"_pixels_held": ((2, 16, 3, 128, 128), torch.bfloat16)}
+    assert int((real["input_ids"][0] == 49190).sum()) == 16 * 16 and real["input_ids"].shape == (2, 16 * 16 + 64)
+    for setup in (STEADY, TrainSetup(train="lora", loop="dropped")):
+        run = profile_hf(cfg, FRAMES, 2, setup, steps=2)
+        est = _cost(cfg, setup).memory(2, FRAMES)
+        assert run.seq_len == est.seq_len == 16 * 16 + 64
+        assert ERROR_BAND[0] <= 100.0 * (est.peak_bytes - run.peak_bytes) / run.peak_bytes <= ERROR_BAND[1]
+    assert seen == [(2, 16, 3, 128, 128)] * 4
+
+
+@pytest.mark.parametrize(
+    ("config", "video", "message"),
+    [
+        (TINY_OV, {}, "video_preprocessor_config.json next to '<tiny>': its frames are 384x384, but the model pools "
+         "each frame's features as the vision tower's 112x112 square: the model cannot read these clips"),
+        (TINY_SMOL, {}, "video_preprocessor_config.json next to '<tiny>': its frames are 364x364, but the vision "
+         "tower reads 128x128 (max_image_size.longest_edge should be 128): the model cannot read these clips"),
+    ],
+)  # fmt: skip
+def test_profile_hf_clips_the_tower_cannot_read_raise_one_line(
+    config: dict[str, Any], video: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        profile_hf(HFConfig("<tiny>", config, {}, video), FRAMES)
+    assert str(info.value) == message

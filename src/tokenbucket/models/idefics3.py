@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
-__all__ = ["FAMILY", "IDEFICS3_MAX_IMAGE_SIZE", "Idefics3", "tiles"]
+__all__ = ["FAMILY", "IDEFICS3_MAX_IMAGE_SIZE", "Idefics3", "tile_inputs", "tiles"]
 
 IDEFICS3_MAX_IMAGE_SIZE = 4096  # the image processors' absolute cap on a resized side
 _TOWER = {"hidden_size": 1152, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 16,
@@ -115,21 +115,28 @@ class Idefics3(Family):
         return Projector(kind="pixel_shuffle", in_dim=tower.hidden * scale**2, out_dim=width, bias=False, merge=scale)
 
     def inputs(self, cfg: HFConfig, tconfig: PretrainedConfig, shape: Shape, dtype: torch.dtype) -> Inputs:
-        import torch  # optional: the measured mode only (NOTE [ Families defer torch ])
-
         vi = self.vision_inputs(cfg, shape.height, shape.width)
-        n = vi.llm_tokens * shape.images
-        ids = token_ids(shape, n)
-        ids[:, :n] = image_token(tconfig)
         side = int(tconfig.vision_config.image_size)
-        count = vi.tower_images * shape.images
-        # NOTE [ Real bookkeeping tensors ]: Idefics3 reads its pixels and pixel mask
-        real = {
-            "input_ids": ids,
-            "pixel_values": torch.ones((shape.batch, count, 3, side, side), dtype=dtype),
-            "pixel_attention_mask": torch.ones((shape.batch, count, side, side), dtype=torch.bool),
-        }
-        return real, {"_pixels_held": ((shape.batch, count, 3, side, side), dtype)}
+        return tile_inputs(tconfig, shape, vi.tower_images * shape.images, vi.llm_tokens * shape.images, side, dtype)
+
+
+def tile_inputs(
+    tconfig: PretrainedConfig, shape: Shape, count: int, tokens: int, side: int, dtype: torch.dtype
+) -> Inputs:
+    """``shape.batch`` samples of ``count`` ``side``-px tiles and ``tokens`` image tokens each, as
+    Idefics3's and SmolVLM's processors hand them over: ``pixel_values`` [batch, count, 3, side,
+    side] and its ``pixel_attention_mask`` (real: NOTE [ Real bookkeeping tensors ], the model
+    reads them), their bytes held by a fake stand-in, the image tokens first in ``input_ids``."""
+    import torch  # optional: the measured mode only (NOTE [ Families defer torch ])
+
+    ids = token_ids(shape, tokens)
+    ids[:, :tokens] = image_token(tconfig)
+    real = {
+        "input_ids": ids,
+        "pixel_values": torch.ones((shape.batch, count, 3, side, side), dtype=dtype),
+        "pixel_attention_mask": torch.ones((shape.batch, count, side, side), dtype=torch.bool),
+    }
+    return real, {"_pixels_held": ((shape.batch, count, 3, side, side), dtype)}
 
 
 FAMILY = Idefics3()

@@ -239,9 +239,39 @@ class LlavaOnevision(Family):
         # LlavaOnevisionConfig copies a text_config tie up to the root flag
         return super().tied(cfg, text_tie) or text_tie
 
+    def clip_side(self, cfg: HFConfig, shape: Shape) -> int:
+        """The square side every frame of ``shape``'s clips reaches the tower at: the tower's
+        ``image_size``, the only frame its video pooling reads (NOTE [ LLaVA-OneVision video
+        clips ]); a video processor that makes other frames, or a strategy that leaves a class
+        token in, is refused."""
+        rule = self.video_rule(cfg)
+        side = self.vision_int(cfg, "image_size")
+        frame = rule["frame"] or [shape.height, shape.width]
+        where = f"{cfg.video_keys[1]} next to {cfg.path!r}"
+        if list(frame) != [side, side]:
+            raise ConfigError(
+                f"{where}: its frames are {frame[0]}x{frame[1]}, but the model pools each frame's features as the "
+                f"vision tower's {side}x{side} square: the model cannot read these clips"
+            )
+        strategy = cfg.get(cfg.config, "", "vision_feature_select_strategy", "full", str)
+        if rule["class_token"] and strategy == "full":
+            raise ConfigError(
+                f"config.json {cfg.path!r}: vision_feature_select_strategy='full' keeps the CLIP tower's class token, "
+                "which the video pooling cannot fold into the tower's square: the model cannot read clips"
+            )
+        return side
+
     def inputs(self, cfg: HFConfig, tconfig: PretrainedConfig, shape: Shape, dtype: torch.dtype) -> Inputs:
         import torch  # optional: the measured mode only (NOTE [ Families defer torch ])
 
+        if shape.videos:  # NOTE [ LLaVA-OneVision video inputs ]
+            side = self.clip_side(cfg, shape)
+            clip = self.clip_inputs(cfg, shape.frames, shape.height, shape.width, shape.fps)
+            n = clip.llm_tokens * shape.videos
+            ids = token_ids(shape, n)
+            ids[:, :n] = int(tconfig.video_token_id)
+            pixels = (shape.videos * shape.batch, clip.tower_images, 3, side, side)
+            return {"input_ids": ids}, {"pixel_values_videos": (pixels, dtype)}
         vi = self.vision_inputs(cfg, shape.height, shape.width, shape.images)
         n = vi.llm_tokens * shape.images
         ids = token_ids(shape, n)
@@ -255,5 +285,15 @@ class LlavaOnevision(Family):
         }
         return real, {"pixel_values": ((count, vi.tower_images, 3, side, side), dtype)}
 
+
+# NOTE [ LLaVA-OneVision video inputs ]
+# What LlavaOnevisionProcessor hands the model for a clip (NOTE [ LLaVA-OneVision video clips ]
+# for its count), as the measured mode builds it: pixel_values_videos [clips, kept frames, 3,
+# side, side] (fake; one row per clip of the batch, every sample's clips in turn), which
+# LlavaOnevisionModel.get_video_features views as one tower batch of clips x frames images,
+# projects, pools to ceil(grid / 2)**2 tokens a frame and ends with one newline per clip; and
+# input_ids with frames x 196 + 1 video_token_id placeholders per clip at 384 px (the
+# processor's "<video>" expanded), which the model fills in order. No image_sizes and no
+# batch_num_images: those are the images'.
 
 FAMILY = LlavaOnevision()

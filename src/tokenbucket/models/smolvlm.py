@@ -30,14 +30,18 @@ Example (SmolVLM2-256M's tower; its video processor sampling at 1 fps):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.models._base import VisionInputs
+from tokenbucket.models._base import Inputs, Shape, VisionInputs
 from tokenbucket.models._hf_json import HFConfig
-from tokenbucket.models.idefics3 import Idefics3
+from tokenbucket.models.idefics3 import Idefics3, tile_inputs
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
 
 __all__ = ["FAMILY", "SMOLVLM_VIDEO", "SmolVLM", "sampled_frames"]
 
@@ -121,6 +125,36 @@ class SmolVLM(Idefics3):
         patch, frame = int(rule["patch"]), rule["frame"]
         passes = (frame // patch) ** 2 if frame is not None else (height // patch) * (width // patch)
         return VisionInputs(n, passes, n * int(rule["seq"]))
+
+    def clip_side(self, cfg: HFConfig, shape: Shape) -> int:
+        """The square side every frame of ``shape``'s clips reaches the tower at: the tower's
+        ``image_size``, the one square whose features ``image_seq_len`` counts (NOTE [ SmolVLM
+        video clips ]); a video processor that makes other frames is refused."""
+        rule = self.video_rule(cfg)
+        side = self.vision_int(cfg, "image_size")
+        frame = [rule["frame"]] * 2 if rule["frame"] is not None else [shape.height, shape.width]
+        if frame != [side, side]:
+            raise ConfigError(
+                f"{cfg.video_keys[1]} next to {cfg.path!r}: its frames are {frame[0]}x{frame[1]}, but the vision "
+                f"tower reads {side}x{side} (max_image_size.longest_edge should be {side}): the model cannot read "
+                "these clips"
+            )
+        return side
+
+    def inputs(self, cfg: HFConfig, tconfig: PretrainedConfig, shape: Shape, dtype: torch.dtype) -> Inputs:
+        if not shape.videos:
+            return super().inputs(cfg, tconfig, shape, dtype)
+        # NOTE [ SmolVLM video inputs ]
+        # SmolVLMVideoProcessor hands a clip's kept frames over as unsplit images: pixel_values
+        # [clips, frames, 3, side, side] with its pixel_attention_mask, which the model reads as
+        # Idefics3 reads tiles (one tower pass a frame, image_seq_len image tokens each, filled in
+        # order). A sample's clips sit in one row here, [batch, clips x frames, ...]: the same
+        # bytes and tower passes as one row a clip. The per-frame wrappers and timestamps are text.
+        side = self.clip_side(cfg, shape)
+        clip = self.clip_inputs(cfg, shape.frames, shape.height, shape.width, shape.fps)
+        return tile_inputs(
+            tconfig, shape, clip.tower_images * shape.videos, clip.llm_tokens * shape.videos, side, dtype
+        )
 
 
 FAMILY = SmolVLM()
