@@ -34,9 +34,11 @@ PREPROCESSORS: dict[str, dict[str, Any]] = {
 
 
 # the video processor's keys a truth point's clips were counted with (benchmarks/hf_truth.py QWEN3_VL_VIDEO_SIZE:
-# Qwen3-VL-2B-Instruct's video_preprocessor_config.json); the others: their video processor's class defaults
+# Qwen3-VL-2B-Instruct's video_preprocessor_config.json; SmolVLM2's frames at its tower's 512 px, every one
+# kept); the others: their video processor's class defaults
 VIDEO_PREPROCESSORS: dict[str, dict[str, Any]] = {
     "qwen3-vl-2b": {"size": {"shortest_edge": 4096, "longest_edge": 25165824}},
+    "smolvlm2-256m": {"max_image_size": {"longest_edge": 512}},
 }
 
 

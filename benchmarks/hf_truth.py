@@ -26,10 +26,15 @@ live tensor bytes comes from PyTorch's own trackers: ``MemTracker`` (unsharded) 
 also carry tokenbucket's ``StorageTracker`` peak (512 B rounding, like the CUDA allocator).
 
 A video point (``--video``, ``VIDEO_SHAPES``) holds ``videos`` clips of ``frames`` frames at
-``fps``, fed as a Qwen processor feeds them: ``pixel_values_videos`` and ``video_grid_thw`` (and
-Qwen2.5-VL's ``second_per_grid_ts``), video tokens between vision start and end tokens (Qwen3-VL:
-per temporal group, after a timestamp that one text token stands for), counted from transformers'
-own resize and frame sampling; its ``video_tokens`` are per sample, its ``image_tokens`` 0.
+``fps``, fed as the model's processor feeds them: a Qwen processor's ``pixel_values_videos`` and
+``video_grid_thw`` (and Qwen2.5-VL's ``second_per_grid_ts``), video tokens between vision start and
+end tokens (Qwen3-VL: per temporal group, after a timestamp that one text token stands for),
+counted from transformers' own resize and frame sampling; LLaVA-OneVision's
+``pixel_values_videos`` [clips, frames, 3, 384, 384] and frames x 196 + 1 video tokens a clip
+(``LlavaOnevisionProcessor.replace_video_token``); SmolVLM2's frames as unsplit 512 px images
+(``pixel_values`` and its mask, 64 image tokens a frame). Its ``video_tokens`` are per sample, its
+``image_tokens`` 0. ``smolvlm2-256m`` (SmolVLM2-256M-Video-Instruct, model_type ``smolvlm``) has
+clips only: its images are ``smolvlm-256m``'s (Idefics3's, the same tower and backbone).
 Measured one arch at a time on 2 shared cores: 18 one-step points (3 trains x none/fsdp8 x 3
 shapes) in 491 s (qwen2-vl-2b), 582 s (qwen2.5-vl-3b) and 192 s (qwen3-vl-2b); 3 steady-state ones
 (``--steps 2 --shapes 1 --sharding none``) in 49, 128 and 49 s. ``tests/data/hf_truth_video.json``
@@ -348,6 +353,32 @@ def _build_config(name: str) -> transformers.PretrainedConfig:
             image_token_id=49190,
             tie_word_embeddings=True,
         )
+    if name == "smolvlm2-256m":  # HuggingFaceTB/SmolVLM2-256M-Video-Instruct: smolvlm-256m's tower and backbone
+        return transformers.SmolVLMConfig(
+            vision_config={
+                "hidden_size": 768,
+                "intermediate_size": 3072,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "image_size": 512,
+                "patch_size": 16,
+            },
+            text_config={
+                "model_type": "llama",
+                "hidden_size": 576,
+                "intermediate_size": 1536,
+                "num_hidden_layers": 30,
+                "num_attention_heads": 9,
+                "num_key_value_heads": 3,
+                "vocab_size": 49280,
+                "max_position_embeddings": 8192,
+                "rms_norm_eps": 1e-5,
+                "rope_theta": 100000.0,
+            },
+            scale_factor=4,
+            image_token_id=49190,
+            tie_word_embeddings=True,
+        )
     if name == "internvl3-1b":  # OpenGVLab/InternVL3-1B-hf: InternViT-300M-448px-V2.5 + Qwen2.5-0.5B
         return transformers.InternVLConfig(
             vision_config={
@@ -466,6 +497,7 @@ ARCH_TYPES: dict[str, str] = {
     "llava-next-qwen2-0.5b": "llava_next",
     "smolvlm-256m": "idefics3",
     "llava-onevision-0.5b": "llava_onevision",
+    "smolvlm2-256m": "smolvlm",  # clips only (VIDEO_SHAPES): its images are smolvlm-256m's
     "internvl3-1b": "internvl",
     "gemma-3-4b": "gemma3",
     "mistral-small-3.1-24b": "mistral3",
@@ -494,11 +526,12 @@ SHAPES: dict[str, list[tuple[int, int, int, int, int]]] = {
 }
 
 # per arch with a video path: (batch, clips per sample, frames per clip, height, width, text tokens, clip fps);
-# at 2 fps Qwen3-VL's processor keeps every frame (it samples at 2 fps), the Qwen2 ones always do
+# at 2 fps Qwen3-VL's processor keeps every frame (it samples at 2 fps), the others always do (their video
+# processors' do_sample_frames is off)
 VideoShape = tuple[int, int, int, int, int, int, float]
 VIDEO_SHAPES: dict[str, list[VideoShape]] = {
     name: [(1, 1, 16, 448, 448, 256, 2.0), (2, 2, 8, 336, 336, 512, 2.0), (1, 4, 4, 224, 224, 1024, 2.0)]
-    for name in ("qwen2-vl-2b", "qwen2.5-vl-3b", "qwen3-vl-2b")
+    for name in ("qwen2-vl-2b", "qwen2.5-vl-3b", "qwen3-vl-2b", "llava-onevision-0.5b", "smolvlm2-256m")
 }
 
 TRAINS = ("full", "frozen-vision", "lora")
@@ -593,6 +626,37 @@ def _video_grid(name: str, frames: int, h: int, w: int, fps: float) -> tuple[int
     # Qwen2VLVideoProcessor's size: {"shortest_edge": 128 * 28 * 28, "longest_edge": 768 * 28 * 28} per frame
     hb, wb = frame_resize(h, w, factor=28, min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28)
     return -(-n // 2), hb // 14, wb // 14
+
+
+def _onevision_clip_tokens(config: Any, frames: int) -> int:
+    """LLaVA-OneVision video tokens of one clip (LlavaOnevisionProcessor.replace_video_token: every
+    frame kept, each pooled to half the tower's grid a side, and a newline)."""
+    proc = _onevision_processor(config)
+    proc.video_token = "<video>"
+    side = config.vision_config.image_size
+    inputs = {"pixel_values_videos": [torch.empty((frames, 3, side, side), device="meta")]}
+    return len(proc.replace_video_token(inputs, 0)) // len("<video>")
+
+
+def _smolvlm_clip_tokens(config: Any, frames: int) -> int:
+    """SmolVLM2 image tokens of one clip: each frame one unsplit image of image_seq_len tokens
+    (SmolVLMProcessor.replace_video_token's per-frame prompt; the timestamps are text)."""
+    from transformers.models.smolvlm.processing_smolvlm import _prompt_single_image
+
+    seq = (config.vision_config.image_size // config.vision_config.patch_size) ** 2 // config.scale_factor**2
+    frame = _prompt_single_image(seq, fake_token_around_image="<f>", image_token="<i>", global_image_token="<g>")
+    return frames * frame.count("<i>")
+
+
+def clip_tokens(name: str, frames: int, h: int, w: int, fps: float) -> int:
+    """LLM video tokens of one clip of ``frames`` frames of ``h`` x ``w`` at ``fps``."""
+    config = build_config(name)
+    if name == "llava-onevision-0.5b":
+        return _onevision_clip_tokens(config, frames)
+    if name == "smolvlm2-256m":
+        return _smolvlm_clip_tokens(config, frames)
+    gt, gh, gw = _video_grid(name, frames, h, w, fps)
+    return gt * gh * gw // 4
 
 
 def _next_patches(config: Any, h: int, w: int) -> tuple[int, tuple[int, int]]:
@@ -783,9 +847,23 @@ def _real_inputs(name: str, config: Any, shape: dict[str, Any]) -> tuple[dict[st
 def _video_inputs(
     name: str, config: Any, shape: dict[str, Any], ids: torch.Tensor, fake: dict[str, Any]
 ) -> dict[str, Any]:
-    """A Qwen processor's clips: their markers and video tokens placed in ``ids``, the pixels
-    added to ``fake``; returns the real grid, positions (and Qwen2.5-VL's seconds per group)."""
+    """A video processor's clips: their markers and video tokens placed in ``ids``, the pixels
+    added to ``fake``; returns the real inputs (a Qwen grid, positions and Qwen2.5-VL's seconds
+    per group; SmolVLM2's real pixels and mask)."""
     batch, videos, frames, fps = shape["batch"], shape["videos"], shape["frames"], shape["fps"]
+    tokens = shape["video_tokens"]  # per sample
+    if name == "llava-onevision-0.5b":  # LlavaOnevisionVideoProcessor: every frame at 384 x 384, one row a clip
+        ids[:, :tokens] = config.video_token_id
+        fake["pixel_values_videos"] = ((videos * batch, frames, 3, 384, 384), torch.bfloat16)
+        return {}
+    if name == "smolvlm2-256m":  # SmolVLMVideoProcessor: every frame one unsplit 512 px image
+        ids[:, :tokens] = config.image_token_id
+        count = videos * frames  # NOTE [ Real bookkeeping tensors ]: the model reads its pixels
+        fake["_pixels_held"] = ((batch, count, 3, 512, 512), torch.bfloat16)
+        return {
+            "pixel_values": torch.ones((batch, count, 3, 512, 512), dtype=torch.bfloat16),
+            "pixel_attention_mask": torch.ones((batch, count, 512, 512), dtype=torch.bool),
+        }
     gt, gh, gw = _video_grid(name, frames, shape["height"], shape["width"], fps)
     per, patch = gh * gw // 4, 16 if name == "qwen3-vl-2b" else 14
     start, end, video = config.vision_start_token_id, config.vision_end_token_id, config.video_token_id
@@ -811,7 +889,6 @@ def _video_inputs(
 def video_record(name: str, shape: VideoShape) -> dict[str, Any]:
     """The shape fields of one video point: video_tokens and text_tokens are per sample."""
     batch, videos, frames, h, w, text, fps = shape
-    gt, gh, gw = _video_grid(name, frames, h, w, fps)
     return {
         "batch": batch,
         "images": 0,
@@ -821,7 +898,7 @@ def video_record(name: str, shape: VideoShape) -> dict[str, Any]:
         "height": h,
         "width": w,
         "image_tokens": 0,
-        "video_tokens": videos * gt * gh * gw // 4,
+        "video_tokens": videos * clip_tokens(name, frames, h, w, fps),
         "text_tokens": text,
     }
 
@@ -961,7 +1038,7 @@ def main(argv: list[str] | None = None) -> None:
         failures = {k: v for k, v in failures.items() if k not in measured}
         if args.missing_reason:  # planned points that were not measured, and why
             for name in ARCHS:
-                for shape in SHAPES[name]:
+                for shape in SHAPES.get(name, []):  # (an arch of clips only has none)
                     for train, sharding in setups(name):
                         tag = f"{name}/{train}/{sharding}/{shape}"
                         if tag not in measured:

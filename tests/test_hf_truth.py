@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from benchmarks import hf_truth
 
 FIXTURE = Path(__file__).parent / "data" / "hf_truth.json"
@@ -102,6 +103,21 @@ def test_hf_truth_video_tokens_match_the_video_processors() -> None:
     group = [100, config.vision_start_token_id, *[config.video_token_id] * 49, config.vision_end_token_id]
     assert ids == group * 2 + [100] * 2 and real["video_grid_thw"].tolist() == [[2, 14, 14]] * 2
     assert fake["pixel_values_videos"][0] == (2 * 2 * 14 * 14, 3 * 2 * 16 * 16)
+    # LLaVA-OneVision: every frame 384 px, pooled to 14 x 14, and a newline a clip; SmolVLM2: 64 tokens a 512 px frame
+    assert hf_truth.video_record("llava-onevision-0.5b", (1, 2, 16, 448, 448, 8, 2.0))["video_tokens"] == 2 * 3137
+    assert hf_truth.video_record("smolvlm2-256m", (1, 2, 8, 336, 336, 8, 2.0))["video_tokens"] == 2 * 8 * 64
+    ov = hf_truth.build_config("llava-onevision-0.5b")
+    real, fake = hf_truth._real_inputs(
+        "llava-onevision-0.5b", ov, hf_truth.video_record("llava-onevision-0.5b", (2, 2, 4, 224, 224, 8, 2.0))
+    )
+    assert fake == {"pixel_values_videos": ((4, 4, 3, 384, 384), torch.bfloat16)}
+    assert real["input_ids"][0].tolist() == [ov.video_token_id] * 2 * 785 + [100] * 8
+    smol = hf_truth.build_config("smolvlm2-256m")
+    real, fake = hf_truth._real_inputs(
+        "smolvlm2-256m", smol, hf_truth.video_record("smolvlm2-256m", (2, 2, 4, 224, 224, 8, 2.0))
+    )
+    assert real["pixel_values"].shape == (2, 8, 3, 512, 512) and fake["_pixels_held"][0] == (2, 8, 3, 512, 512)
+    assert real["input_ids"][0].tolist() == [smol.image_token_id] * 8 * 64 + [100] * 8
 
 
 @pytest.mark.slow
@@ -154,7 +170,11 @@ def test_hf_truth_step_shapes_remeasure_equal_fixture(arch: str, index: int, axe
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("arch", "train"), [("qwen2.5-vl-3b", "frozen-vision"), ("qwen3-vl-2b", "lora")])
+@pytest.mark.parametrize(
+    ("arch", "train"),
+    [("qwen2.5-vl-3b", "frozen-vision"), ("qwen3-vl-2b", "lora"), ("llava-onevision-0.5b", "frozen-vision"),
+     ("smolvlm2-256m", "lora")],
+)  # fmt: skip
 def test_hf_truth_video_remeasure_equals_fixture(arch: str, train: str) -> None:
     fields = hf_truth.video_record(arch, hf_truth.VIDEO_SHAPES[arch][2])
     stored = next(
