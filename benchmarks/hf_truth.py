@@ -36,9 +36,10 @@ counted from transformers' own resize and frame sampling; LLaVA-OneVision's
 ``image_tokens`` 0. ``smolvlm2-256m`` (SmolVLM2-256M-Video-Instruct, model_type ``smolvlm``) has
 clips only: its images are ``smolvlm-256m``'s (Idefics3's, the same tower and backbone).
 Measured one arch at a time on 2 shared cores: 18 one-step points (3 trains x none/fsdp8 x 3
-shapes) in 491 s (qwen2-vl-2b), 582 s (qwen2.5-vl-3b) and 192 s (qwen3-vl-2b); 3 steady-state ones
-(``--steps 2 --shapes 1 --sharding none``) in 49, 128 and 49 s. ``tests/data/hf_truth_video.json``
-holds them, merged into ``tests/data/hf_truth.json``.
+shapes) in 491 s (qwen2-vl-2b), 582 s (qwen2.5-vl-3b), 192 s (qwen3-vl-2b), 162 s
+(llava-onevision-0.5b) and 166 s (smolvlm2-256m); 3 steady-state ones (``--steps 2 --shapes 1
+--sharding none``) in 49, 128, 49, 44 and 36 s. ``tests/data/hf_truth_video.json`` holds them,
+merged into ``tests/data/hf_truth.json``.
 
 A point also says how its step was written (``AXES``, NOTE [ Step shapes ] in
 ``tokenbucket.cost.hf_profile``): ``loop`` (``dropped``: ``loss = model(**batch).loss``, the HF

@@ -5,8 +5,8 @@ bf16 (or fp32: NOTE [ The build dtype ]), under ``FakeTensorMode`` on the CPU, t
 :class:`~tokenbucket.cost.staged.Sample` the staged cost model prices) into the inputs the
 model's processor would make (``input_ids`` with the image tokens, ``pixel_values``, the grid or
 image-size fields, ``labels``; a clip as the family's video processor hands it over where it
-has a video path: NOTE [ Qwen video inputs ], NOTE [ LLaVA-OneVision video inputs ], NOTE [ SmolVLM
-video inputs ]), applies the training setup (frozen tower, LoRA via ``peft``,
+has a video path: NOTE [ Qwen video inputs ], NOTE [ LLaVA-OneVision video inputs ],
+NOTE [ SmolVLM video inputs ]), applies the training setup (frozen tower, LoRA via ``peft``,
 FSDP2 or DDP over a fake process group) and runs training steps: forward, backward,
 ``AdamW(foreach=True).step()``. The peak of live bytes comes from PyTorch's own trackers
 (``MemTracker``, and ``FSDPMemTracker`` under FSDP). ``transformers`` is an optional extra
