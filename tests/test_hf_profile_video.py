@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import transformers
+from benchmarks import bench_staged_cost
 
 from tests.test_cli_errors import cli, one_line_error
 from tests.test_profile_hf_cli import TINY_VL
@@ -47,6 +48,7 @@ TINY_LLAVA = {
     "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
                       "image_size": 56, "patch_size": 14},
 }  # fmt: skip
+TRUTH = Path(__file__).parent / "data" / "hf_truth.json"
 MODELS = {"qwen2_vl": "Qwen2VLModel", "qwen2_5_vl": "Qwen2_5_VLModel", "qwen3_vl": "Qwen3VLModel"}
 # two clips of 8 frames at 2 fps (Qwen3-VL's processor keeps every frame at its 2 fps); the same frames as images
 CLIPS = Sample(videos=2, frames=8, height=448, width=448, text_tokens=64, fps=2.0)
@@ -286,3 +288,22 @@ def test_profile_hf_clips_the_tower_cannot_read_raise_one_line(
     with pytest.raises(ConfigError) as info:
         profile_hf(HFConfig("<tiny>", config, {}, video), FRAMES)
     assert str(info.value) == message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("arch", "train", "sharding"), [("llava-onevision-0.5b", "lora", "none"), ("smolvlm2-256m", "full", "fsdp8")]
+)
+def test_profile_hf_video_equals_the_truth_set(arch: str, train: str, sharding: str) -> None:
+    # the package's clip inputs (Family.inputs) against benchmarks/hf_truth.py's own: equal peaks (measured exact)
+    data = json.loads(TRUTH.read_text())
+    point = next(
+        p for p in data["points"]
+        if (p["arch"], p["train"], p["sharding"], p["steps"], p.get("videos", 0), p["batch"]) == (arch, train, sharding, 1, 2, 2)
+    )  # fmt: skip
+    run = profile_hf(
+        bench_staged_cost.hf_config(arch, data["configs"]), bench_staged_cost.sample_of(point), point["batch"],
+        bench_staged_cost.setup_of(point), kernels="cpu",
+    )  # fmt: skip
+    assert run.seq_len == point["seq_len"]
+    assert run.peak_bytes == pytest.approx(point["peak_bytes"], rel=1e-3)
