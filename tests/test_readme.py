@@ -465,6 +465,13 @@ def test_readme_blocks_are_found_and_no_run_markers_say_why() -> None:
     assert set(SETUPS) <= sections and SLOW <= {b.name for b in BLOCKS}  # no setup for a section gone
 
 
+def test_readme_the_serial_pass_has_its_tests() -> None:
+    """``make test`` ends with ``pytest -m serial``, which exits 5 (a failure) when it selects nothing:
+    the blocks that calibrate the demo's real CPU run are the ones it runs alone."""
+    assert SERIAL == {"cli-0", "step-time-calibrate-from-the-run-replan-0"}, SERIAL
+    assert all(b.name not in SERIAL or ("tokenbucket demo" in b.code) for b in RUN)
+
+
 def test_readme_stated_outputs_are_found() -> None:
     # the values the Quickstart and the LeRobot section state, and the CLI's JSON
     stated = [e for b in RUN if b.lang == "python" for _, e in statements(b) if e is not None]
