@@ -329,57 +329,9 @@ def _build_config(name: str) -> transformers.PretrainedConfig:
             hidden_size=2048,
         )
     if name == "smolvlm-256m":
-        return transformers.Idefics3Config(
-            vision_config={
-                "hidden_size": 768,
-                "intermediate_size": 3072,
-                "num_hidden_layers": 12,
-                "num_attention_heads": 12,
-                "image_size": 512,
-                "patch_size": 16,
-            },
-            text_config={
-                "model_type": "llama",
-                "hidden_size": 576,
-                "intermediate_size": 1536,
-                "num_hidden_layers": 30,
-                "num_attention_heads": 9,
-                "num_key_value_heads": 3,
-                "vocab_size": 49280,
-                "max_position_embeddings": 8192,
-                "rms_norm_eps": 1e-5,
-                "rope_theta": 100000.0,
-            },
-            scale_factor=4,
-            image_token_id=49190,
-            tie_word_embeddings=True,
-        )
+        return transformers.Idefics3Config(**_smolvlm_256m())
     if name == "smolvlm2-256m":  # HuggingFaceTB/SmolVLM2-256M-Video-Instruct: smolvlm-256m's tower and backbone
-        return transformers.SmolVLMConfig(
-            vision_config={
-                "hidden_size": 768,
-                "intermediate_size": 3072,
-                "num_hidden_layers": 12,
-                "num_attention_heads": 12,
-                "image_size": 512,
-                "patch_size": 16,
-            },
-            text_config={
-                "model_type": "llama",
-                "hidden_size": 576,
-                "intermediate_size": 1536,
-                "num_hidden_layers": 30,
-                "num_attention_heads": 9,
-                "num_key_value_heads": 3,
-                "vocab_size": 49280,
-                "max_position_embeddings": 8192,
-                "rms_norm_eps": 1e-5,
-                "rope_theta": 100000.0,
-            },
-            scale_factor=4,
-            image_token_id=49190,
-            tie_word_embeddings=True,
-        )
+        return transformers.SmolVLMConfig(**_smolvlm_256m())
     if name == "internvl3-1b":  # OpenGVLab/InternVL3-1B-hf: InternViT-300M-448px-V2.5 + Qwen2.5-0.5B
         return transformers.InternVLConfig(
             vision_config={
@@ -472,6 +424,17 @@ def _build_config(name: str) -> transformers.PretrainedConfig:
             tie_word_embeddings=False,  # the checkpoint stores both (NOTE [ Mistral 3's tie ] in the package)
         )
     raise KeyError(f"unknown arch {name!r}; one of {', '.join(ARCHS)}")
+
+
+def _smolvlm_256m() -> dict[str, Any]:
+    """SmolVLM-256M's tower and backbone (SmolVLM2-256M-Video-Instruct's are taken to be the same)."""
+    vision = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+              "image_size": 512, "patch_size": 16}  # fmt: skip
+    text = {"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+            "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49280, "max_position_embeddings": 8192,
+            "rms_norm_eps": 1e-5, "rope_theta": 100000.0}  # fmt: skip
+    return {"vision_config": vision, "text_config": text, "scale_factor": 4, "image_token_id": 49190,
+            "tie_word_embeddings": True}  # fmt: skip
 
 
 def build_config(name: str) -> transformers.PretrainedConfig:
