@@ -161,3 +161,24 @@ def test_a_model_rule_spec_round_trips_and_refuses_a_bad_rule() -> None:
         TokenSpec(resize="model", image_rule='{"family": "nope"}')
     with pytest.raises(ConfigError, match=r'image_rule is read only with resize="model"'):
         TokenSpec(patch=14, image_rule=spec.image_rule)
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"resize": "model", "image_rule": '{"family": "qwen2_vl"}'}, ("image_rule is not a qwen2_vl rule", "patch")),
+        ({"feed": "video", "video_rule": '{"family": "qwen2_vl"}'}, ("video_rule is not a qwen2_vl rule",)),
+        ({"feed": "video", "video_rule": '{"family": "llava"}'}, ("video_rule names llava", "no video path")),
+    ],
+)
+def test_a_hand_written_rule_without_its_familys_parameters_is_a_config_error(
+    fields: dict[str, str], words: tuple[str, ...]
+) -> None:
+    """A TOML spec's rule JSON is the user's: a rule missing the family's parameters, or a video
+    rule naming a family without a video path, ends in one ConfigError, not a KeyError."""
+    spec = TokenSpec(**fields)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as err:
+        breakdown_sample({"cameras": 1, "frames": 4, "height": 224, "width": 224}, spec)
+    assert all(w in str(err.value) for w in words) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="video_rule should be a family's rule as JSON"):
+        TokenSpec(feed="video", video_rule=5)  # type: ignore[arg-type]

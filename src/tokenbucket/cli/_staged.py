@@ -205,7 +205,7 @@ def staged_token_spec(cost: StagedCostModel, feed: str | None = None, stills: Se
         try:
             return token_spec_from_hf(cost.config, feed=feed, stills=stills)
         except ConfigError as exc:
-            raise UsageError(f"--feed {feed}: {exc}") from None
+            raise UsageError(f"--feed {feed}: {exc}" if feed is not None else str(exc)) from None
     if feed is not None or stills:
         raise UsageError(f"--feed / --stills read the model's video processor: {cost.model.name!r} has no config")
     zero = CountRule(count=0)

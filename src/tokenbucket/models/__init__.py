@@ -51,8 +51,11 @@ def rule_inputs(rule: str, height: int, width: int) -> VisionInputs:
     """One ``height x width`` image under a :class:`TokenSpec`'s ``image_rule`` (the JSON string
     :meth:`Family.token_spec` writes: the family's name and its rule's parameters)."""
     check_image_size(height, width)
-    params: dict[str, Any] = json.loads(rule)
-    return _load(str(params.pop("family"))).rule_inputs(params, height, width)
+    fam, params = _rule(rule)
+    try:
+        return fam.rule_inputs(params, height, width)
+    except (KeyError, TypeError) as exc:  # a hand-written rule without the family's parameters
+        raise ConfigError(f"image_rule is not a {fam.name} rule ({exc!r} missing or wrong): {rule!r:.120}") from None
 
 
 def clip_inputs(rule: str, frames: int, height: int, width: int, fps: float | None = None) -> VisionInputs:
@@ -61,5 +64,16 @@ def clip_inputs(rule: str, frames: int, height: int, width: int, fps: float | No
     clip's own frame rate, read by a rule that samples frames."""
     check_image_size(height, width)
     check_frames(frames, fps)
+    fam, params = _rule(rule)
+    if not fam.has_video:
+        raise ConfigError(f"video_rule names {fam.name}, which has no video path: {rule!r:.120}")
+    try:
+        return fam.clip_rule_inputs(params, frames, height, width, fps)
+    except (KeyError, TypeError) as exc:  # a hand-written rule without the family's parameters
+        raise ConfigError(f"video_rule is not a {fam.name} rule ({exc!r} missing or wrong): {rule!r:.120}") from None
+
+
+def _rule(rule: str) -> tuple[Family, dict[str, Any]]:
+    """A rule's family and its parameters (the JSON :class:`TokenSpec` checked names a family)."""
     params: dict[str, Any] = json.loads(rule)
-    return _load(str(params.pop("family"))).clip_rule_inputs(params, frames, height, width, fps)
+    return _load(str(params.pop("family"))), params

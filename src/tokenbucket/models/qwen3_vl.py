@@ -28,7 +28,7 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.models._base import TEXT_TOKEN
 from tokenbucket.models._hf_json import HFConfig, VideoKeys
 from tokenbucket.models._stages import Projector, VisionTower
-from tokenbucket.models.qwen2_vl import Qwen2VL, check_aspect
+from tokenbucket.models.qwen2_vl import UNKNOWN_FPS, Qwen2VL, check_aspect
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -42,7 +42,6 @@ QWEN3_VL_VIDEO: dict[str, Any] = {
     "temporal_patch_size": 2, "merge_size": 2, "do_sample_frames": True, "fps": 2, "num_frames": None,
     "min_frames": 4, "max_frames": 768, "cap_pixels_per_frame": None, "max_video_tokens": 768,
 }  # fmt: skip
-ASSUMED_FPS = 24  # what Qwen3VLVideoProcessor.sample_frames assumes of a clip whose fps it is not told
 
 
 def clip_resize(
@@ -106,7 +105,8 @@ class Qwen3VL(Qwen2VL):
         if rule["num_frames"] is not None:
             n = int(rule["num_frames"])
         elif rule["fps"] is not None:
-            n = int(frames / (ASSUMED_FPS if fps is None else fps) * float(rule["fps"]))
+            # a clip of unknown rate at UNKNOWN_FPS, as its sample_frames assumes
+            n = int(frames / (UNKNOWN_FPS if fps is None else fps) * float(rule["fps"]))
             n = min(max(n, int(rule["min_frames"])), int(rule["max_frames"]), frames)
         else:
             n = min(max(frames, int(rule["min_frames"])), int(rule["max_frames"]))

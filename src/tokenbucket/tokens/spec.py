@@ -177,7 +177,7 @@ def _ceil_div(a: int, b: int) -> int:
 def _check_rule(rule: object, name: str = "image_rule") -> None:
     """A ``resize="model"`` rule or a ``video_rule``: JSON naming a known family (its parameters are the family's)."""
     if not isinstance(rule, str):
-        raise ConfigError(f'resize="model" needs image_rule (a family\'s rule as JSON), but got image_rule={rule!r}')
+        raise ConfigError(f"{name} should be a family's rule as JSON, but got {name}={rule!r}")
     try:
         params = json.loads(rule)
     except ValueError:
