@@ -6,7 +6,8 @@ pi0, pi0.5 and SmolVLA at LeRobot 0.4.4's published defaults, each in the traini
 LeRobot's flags give (``freeze_vision_encoder``, ``train_expert_only``): what one steady-state
 AdamW step keeps at its peak (:meth:`LeRobotPolicy.memory`, checked against LeRobot's own
 policies in tests/data/lerobot_truth.json) under the GPU's budget (``gpu_budget_bytes``: the card
-less the CUDA context, the allocator's workspace and a safety margin).
+less the CUDA context, the allocator's workspace and a safety margin). A camera here is a slot
+the policy runs; for a LeRobot mixture's batch size per bucket see plan_lerobot_mixture_policy.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from tokenbucket.cost.gpus import get_gpu, gpu_budget_bytes
 from tokenbucket.cost.lerobot_policy import LeRobotPolicy
 
 GPU = "H100-SXM"
-TEXT_TOKENS = 48
 # (policy, setup, LeRobot flags): SmolVLA's published default trains the expert only
 SETUPS = [
     ("pi0", "full", {}),
@@ -32,11 +32,15 @@ SETUPS = [
 
 def main() -> None:
     budget = gpu_budget_bytes(get_gpu(GPU))
-    print(f"largest batch per step on one {GPU} ({budget / 2**30:.1f} GiB budget), {TEXT_TOKENS} text tokens")
+    print(
+        f"largest batch per step on one {GPU} ({budget / 2**30:.1f} GiB budget); the language padded as LeRobot "
+        "pads it (pi0, SmolVLA: 48 tokens; pi0.5: 200)"
+    )
     print(f"{'policy':<8} {'setup':<22} {'1 camera':>9} {'2 cameras':>10} {'3 cameras':>10}")
     for name, setup, flags in SETUPS:
         policy = LeRobotPolicy.preset(name, **flags)
-        batches = [policy.max_batch(budget, cameras=c, text_tokens=TEXT_TOKENS) for c in (1, 2, 3)]
+        text = policy.tokenizer_max_length
+        batches = [policy.max_batch(budget, cameras=c, text_tokens=text) for c in (1, 2, 3)]
         print(f"{name:<8} {setup:<22} {batches[0]:>9} {batches[1]:>10} {batches[2]:>10}")
 
 

@@ -38,7 +38,8 @@ def test_cost_lerobot_policy_from_a_config_folder_equals_the_library(
 def test_cost_lerobot_policy_preset_table(preset: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = cli(capsys, "cost", "--lerobot-policy", preset, "--batch", "4", "--gpu", "H100-SXM")
     assert code == 0, err
-    peak = LeRobotPolicy.preset(preset).memory(4)["peak_bytes"]
+    policy = LeRobotPolicy.preset(preset)  # 3 cameras; the language padded as LeRobot pads it (pi0.5: 200)
+    peak = policy.memory(4, cameras=3, text_tokens=policy.tokenizer_max_length)["peak_bytes"]
     assert f"{peak / 2**30:,.2f} GiB" in out and "largest batch:" in out
 
 
@@ -72,3 +73,10 @@ def test_cost_lerobot_policy_bad_dir_or_config_is_one_line(tmp_path: Path, capsy
     code, _, err = cli(capsys, "cost", "--lerobot-policy", str(tmp_path), "--batch", "1")
     assert code == 1
     one_line_error(err, "is not JSON")
+
+
+def test_cost_preset_pi0_refuses_as_a_staged_model_naming_lerobot_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    sample = '{"images": 3, "height": 224, "width": 224, "text_tokens": 48}'
+    code, _, err = cli(capsys, "cost", "--preset", "pi0", "--batch", "4", "--sample", sample)
+    assert code == 1
+    one_line_error(err, "pi0", "--lerobot-policy pi0")

@@ -93,3 +93,32 @@ def test_examples_plan_lerobot_policy_prints_the_library_s_largest_batches(capsy
     line = next(row for row in out.splitlines() if row.startswith("smolvla  expert only (default)"))
     assert line.split()[-3:] == [str(b) for b in smolvla]
     assert len([row for row in out.splitlines() if row.split()[0] in ("pi0", "pi05", "smolvla")]) == 9
+
+
+def test_examples_plan_lerobot_mixture_policy_prints_each_bucket_s_batch(
+    tmp_path: Path, lerobot_dir: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    from tokenbucket.cost.gpus import get_gpu, gpu_budget_bytes
+
+    path = ROOT / "examples" / "plan_lerobot_mixture_policy.py"
+    spec = importlib.util.spec_from_file_location("plan_lerobot_mixture_policy", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    roots = module.demo_mixture(tmp_path, Path(lerobot_dir))
+    plans = module.main(*roots)
+    out = capsys.readouterr().out
+    budget = gpu_budget_bytes(get_gpu("H100-SXM"))
+    frames = sum(module.read_lerobot_metadata(r).total_frames for r in roots)
+    for (name, setup, flags), key in zip(module.POLICIES, plans, strict=True):
+        plan = plans[key]
+        assert sum(b.samples for b in plan.buckets) == frames  # every frame in a bucket
+        _, cost = module.plan(roots, module.LeRobotPolicy.preset(name, **flags))
+        for b in plan.buckets:
+            assert b.batch_size == cost.max_batch(b.bound, budget) and b.predicted_peak_bytes <= budget
+            line = f"{name:<8} {setup:<22}"
+            assert any(row.startswith(line) and row.split()[-3] == str(b.batch_size) for row in out.splitlines())
+    # pi0 runs both camera slots for every sample: one bucket; SmolVLA runs each sample's own cameras
+    assert len(plans["pi0 full"].buckets) == 1 and len(plans["smolvla expert only (default)"].buckets) == 2

@@ -324,7 +324,7 @@ def test_vision_inputs_follow_the_processor() -> None:
 
 
 def test_staged_cost_presets_price_without_a_config() -> None:
-    for name in ("llava-1.5-7b", "openvla", "paligemma-3b", "pi0", "qwen2-vl-2b", "qwen2-vl-vla"):
+    for name in ("llava-1.5-7b", "openvla", "paligemma-3b", "qwen2-vl-2b", "qwen2-vl-vla"):  # pi0: LeRobotPolicy
         model = StagedModel.preset(name)
         est = StagedCostModel(model, TrainSetup(train="lora")).memory(
             1, Sample(images=1, height=224, width=224, text_tokens=32)

@@ -112,12 +112,12 @@ def _flags(policy: str, variant: str) -> dict[str, bool]:
     }[variant]
 
 
-def _features(config: Any, state_dim: int, action_dim: int) -> None:
+def _features(config: Any, state_dim: int, action_dim: int, slots: int = CAMERAS) -> None:
     from lerobot.configs.types import FeatureType, PolicyFeature
 
     config.input_features = {
         f"observation.images.camera{i}": PolicyFeature(type=FeatureType.VISUAL, shape=(3, IMAGE_SIZE, IMAGE_SIZE))
-        for i in range(CAMERAS)
+        for i in range(slots)
     }
     config.input_features["observation.state"] = PolicyFeature(type=FeatureType.STATE, shape=(state_dim,))
     config.output_features = {"action": PolicyFeature(type=FeatureType.ACTION, shape=(action_dim,))}
@@ -239,34 +239,35 @@ def _full_patch_grid_positions(policy: str) -> Iterator[None]:
         cls.forward = orig
 
 
-def build_policy(policy: str, variant: str) -> tuple[Any, dict[str, Any]]:
-    """LeRobot's policy with its published defaults (bf16 for pi0 / pi0.5), and its config values."""
+def build_policy(policy: str, variant: str, slots: int = CAMERAS) -> tuple[Any, dict[str, Any]]:
+    """LeRobot's policy with its published defaults (bf16 for pi0 / pi0.5) and ``slots`` camera
+    features, and its config values."""
     with _set_data_for_fake_params():
-        return _build_policy(policy, variant)
+        return _build_policy(policy, variant, slots)
 
 
-def _build_policy(policy: str, variant: str) -> tuple[Any, dict[str, Any]]:
+def _build_policy(policy: str, variant: str, slots: int) -> tuple[Any, dict[str, Any]]:
     flags = _flags(policy, variant)
     if policy == "pi0":
         from lerobot.policies.pi0.configuration_pi0 import PI0Config
         from lerobot.policies.pi0.modeling_pi0 import PI0Policy
 
         config = PI0Config(dtype="bfloat16", device="cpu", **flags)
-        _features(config, config.max_state_dim, config.max_action_dim)
+        _features(config, config.max_state_dim, config.max_action_dim, slots)
         return PI0Policy(config), _config_record(config)
     if policy == "pi05":
         from lerobot.policies.pi05.configuration_pi05 import PI05Config
         from lerobot.policies.pi05.modeling_pi05 import PI05Policy
 
         config = PI05Config(dtype="bfloat16", device="cpu", **flags)
-        _features(config, config.max_state_dim, config.max_action_dim)
+        _features(config, config.max_state_dim, config.max_action_dim, slots)
         return PI05Policy(config), _config_record(config)
     if policy == "smolvla":
         from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
         from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
 
         config = SmolVLAConfig(device="cpu", load_vlm_weights=True, **flags)
-        _features(config, config.max_state_dim, config.max_action_dim)
+        _features(config, config.max_state_dim, config.max_action_dim, slots)
         with _smolvlm_offline():
             built = SmolVLAPolicy(config)
         return built, _config_record(config)
@@ -291,13 +292,20 @@ def _config_record(config: Any) -> dict[str, Any]:
     return out
 
 
-def make_batch(config: Any, batch: int, text_tokens: int) -> dict[str, Any]:
-    """What LeRobot's preprocessor hands the policy (module docstring), as fake tensors."""
+def make_batch(
+    config: Any, batch: int, text_tokens: int, present: int | None = None, frame: tuple[int, int] | None = None
+) -> dict[str, Any]:
+    """What LeRobot's preprocessor hands the policy (module docstring), as fake tensors: the first
+    ``present`` camera features (default: all) as float32 frames of ``frame`` (default 224 x 224);
+    the policy pads the missing ones as it pads them (pi0 / pi0.5 every one, SmolVLA up to its
+    ``empty_cameras``)."""
     import torch
 
+    h, w = frame or (IMAGE_SIZE, IMAGE_SIZE)
     out: dict[str, Any] = {}
-    for key in config.image_features:
-        out[key] = torch.rand(batch, 3, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.float32)
+    keys = list(config.image_features)
+    for key in keys[: len(keys) if present is None else present]:
+        out[key] = torch.rand(batch, 3, h, w, dtype=torch.float32)
     out["observation.state"] = torch.randn(batch, config.max_state_dim, dtype=torch.float32)
     out["action"] = torch.randn(batch, config.chunk_size, config.max_action_dim, dtype=torch.float32)
     out["observation.language.tokens"] = torch.zeros(batch, text_tokens, dtype=torch.long)
@@ -471,8 +479,21 @@ def _peak(tracker: Any) -> tuple[int, dict[str, int]]:
     return int(total), breakdown
 
 
-def measure(policy: str, variant: str, batch: int, text_tokens: int, kernels: str, steps: int = 2) -> dict[str, Any]:
-    """One point: ``steps`` LeRobot training steps; the peak of the last one (module docstring)."""
+def measure(
+    policy: str,
+    variant: str,
+    batch: int,
+    text_tokens: int,
+    kernels: str,
+    steps: int = 2,
+    *,
+    slots: int = CAMERAS,
+    present: int | None = None,
+    frame: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """One point: ``steps`` LeRobot training steps; the peak of the last one (module docstring).
+    ``slots``, ``present``, ``frame``: the policy's camera features, how many of them the batch
+    holds, and their frame size (``make_batch``)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -481,9 +502,9 @@ def measure(policy: str, variant: str, batch: int, text_tokens: int, kernels: st
     # the flow-matching time is drawn from a Beta distribution, whose argument checks read values
     torch.distributions.Distribution.set_default_validate_args(False)
     with FakeTensorMode(allow_non_fake_inputs=True), _kernels(kernels), _full_patch_grid_positions(policy):
-        model, config = build_policy(policy, variant)
+        model, config = build_policy(policy, variant, slots)
         counts = param_counts(model)
-        inputs = make_batch(model.config, batch, text_tokens)
+        inputs = make_batch(model.config, batch, text_tokens, present, frame)
         preset = model.config.get_optimizer_preset()  # LeRobot's make_optimizer_and_scheduler
         opt = torch.optim.AdamW(
             model.get_optim_params(), lr=preset.lr, betas=preset.betas, eps=preset.eps,
@@ -530,9 +551,12 @@ def measure(policy: str, variant: str, batch: int, text_tokens: int, kernels: st
         "policy": policy,
         "variant": variant,
         "batch": batch,
-        "cameras": CAMERAS,
+        "cameras": slots,
         "image_size": IMAGE_SIZE,
         "text_tokens": text_tokens,
+        # a point with fewer cameras in the batch than the policy has, or frames of another size
+        **({"present": present} if present is not None and present != slots else {}),
+        **({"frame": list(frame)} if frame is not None and tuple(frame) != (IMAGE_SIZE, IMAGE_SIZE) else {}),
         "kernels": kernels,
         "steps": steps,
         "peak_bytes": phases[phase],
@@ -626,7 +650,10 @@ def worker(args: argparse.Namespace) -> None:
         for batch in args.batch or BATCHES:
             tag = f"{policy}/{variant}/b{batch}"
             try:
-                rec = measure(policy, variant, batch, args.text_tokens, args.kernels)
+                rec = measure(
+                    policy, variant, batch, args.text_tokens, args.kernels,
+                    slots=args.slots, present=args.present, frame=args.frame,
+                )  # fmt: skip
             except Exception as exc:  # a point that cannot run is recorded with its reason
                 if os.environ.get("LEROBOT_TRUTH_RAISE"):
                     raise
@@ -647,6 +674,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", action="append", type=int, help="repeatable; default: 1 4 16 32 64")
     parser.add_argument("--text-tokens", type=int, default=TEXT_TOKENS)
     parser.add_argument("--kernels", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--slots", type=int, default=CAMERAS, help="the policy's camera features (default 3)")
+    parser.add_argument("--present", type=int, help="of them, the cameras the batch holds (default: all)")
+    parser.add_argument("--frame", type=_frame, help="the batch's frame size HxW (default 224x224)")
     parser.add_argument("--out", default=str(FIXTURE))
     parser.add_argument("--table", action="store_true", help="print --out's points as a Markdown table")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -666,7 +696,9 @@ def main(argv: list[str] | None = None) -> None:
         cmd = [sys.executable, __file__, "--worker", "--policy", policy, "--out", str(tmp)]
         cmd += [x for v in args.variant or () for x in ("--variant", v)]
         cmd += [x for b in args.batch or () for x in ("--batch", str(b))]
-        cmd += ["--text-tokens", str(args.text_tokens), "--kernels", args.kernels]
+        cmd += ["--text-tokens", str(args.text_tokens), "--kernels", args.kernels, "--slots", str(args.slots)]
+        cmd += [] if args.present is None else ["--present", str(args.present)]
+        cmd += [] if args.frame is None else ["--frame", "{}x{}".format(*args.frame)]
         env = dict(os.environ)
         if policy == "smolvla":  # LeRobot's transformers for SmolVLA (requirements-smolvla.txt)
             env["PYTHONPATH"] = os.pathsep.join([str(SMOLVLA_SITE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -688,10 +720,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {len(merged['points'])} points to {out}", file=sys.stderr)
 
 
+def _frame(text: str) -> tuple[int, int]:
+    h, _, w = text.partition("x")
+    return int(h), int(w)
+
+
 def table(points: list[dict[str, Any]]) -> str:
     """The points as a Markdown table: peak GiB per batch, parameters, trainable, with a gradient, float32."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for p in sorted(points, key=_key):
+        if "present" in p or "frame" in p or p["text_tokens"] != TEXT_TOKENS:  # the planner's points
+            continue
         row = rows.setdefault((p["policy"], p["variant"]), {"p": p, "peaks": {}})
         row["peaks"][p["batch"]] = p["peak_bytes"] / 2**30
     batches = sorted({p["batch"] for p in points})
@@ -709,7 +748,8 @@ def table(points: list[dict[str, Any]]) -> str:
 def _key(p: dict[str, Any]) -> tuple[Any, ...]:
     order = {name: i for i, name in enumerate(POLICIES)}
     variants = VARIANTS[p["policy"]]
-    return (order[p["policy"]], variants.index(p["variant"]), p["batch"], p["text_tokens"], p["kernels"])
+    shape = (p["cameras"], p.get("present", p["cameras"]), tuple(p.get("frame", (IMAGE_SIZE, IMAGE_SIZE))))
+    return (order[p["policy"]], variants.index(p["variant"]), p["batch"], p["text_tokens"], p["kernels"], shape)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from tokenbucket.cli._common import _budget, _gib, gpu_from_args, positive_int
 from tokenbucket.cli._staged import STAGED_ONLY, _flag
 from tokenbucket.cost.lerobot_policy import POLICY_TYPES, LeRobotPolicy, read_lerobot_config
 
-__all__ = ["add_lerobot_flags", "is_lerobot", "refuse_lerobot_flags", "run_lerobot"]
+__all__ = ["add_lerobot_flags", "is_lerobot", "lerobot_policy_arg", "refuse_lerobot_flags", "run_lerobot"]
 
 # every other model / shape flag of `cost`: refused beside --lerobot-policy
 _OTHER_FLAGS = (
@@ -40,8 +40,17 @@ def add_lerobot_flags(p: argparse.ArgumentParser) -> None:
         help="a LeRobot policy's config.json (or the folder holding it: a checkpoint's pretrained_model), "
         "or a published default: pi0, pi05, smolvla",
     )
-    g.add_argument("--cameras", type=positive_int, help="camera images per sample (default 3)")
-    g.add_argument("--text-tokens", type=positive_int, help="language tokens per sample (default 48)")
+    g.add_argument(
+        "--cameras",
+        type=positive_int,
+        help="cameras in each sample (default: the config's camera features, else 3); pi0 / pi0.5 run every "
+        "camera feature of the config whatever the sample holds, SmolVLA the sample's cameras",
+    )
+    g.add_argument(
+        "--text-tokens",
+        type=positive_int,
+        help="language tokens per sample (default: the policy's tokenizer_max_length: 48, pi0.5 200)",
+    )
 
 
 def is_lerobot(args: argparse.Namespace) -> bool:
@@ -57,7 +66,8 @@ def refuse_lerobot_flags(args: argparse.Namespace) -> None:
         )
 
 
-def _policy(value: str) -> LeRobotPolicy:
+def lerobot_policy_arg(value: str) -> LeRobotPolicy:
+    """``--lerobot-policy``'s policy: a preset name, a config.json, or the folder holding one."""
     if value in POLICY_TYPES and not Path(value).exists():
         return LeRobotPolicy.preset(value)
     path = Path(value)
@@ -80,9 +90,10 @@ def run_lerobot(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{', '.join(given)}: not for --lerobot-policy (a LeRobot policy takes its sizes from its config.json)"
         )
-    policy = _policy(args.lerobot_policy)
-    cameras = 3 if args.cameras is None else args.cameras
-    text_tokens = 48 if args.text_tokens is None else args.text_tokens
+    policy = lerobot_policy_arg(args.lerobot_policy)
+    present = (policy.image_features or 3) if args.cameras is None else args.cameras
+    cameras = policy.slots(present)  # NOTE [ Camera slots ]
+    text_tokens = policy.tokenizer_max_length if args.text_tokens is None else args.text_tokens
     mem = policy.memory(args.batch, cameras=cameras, text_tokens=text_tokens)
     forward = mem["weights"] + mem["optimizer"] + mem["activations"]
     out: dict[str, Any] = {

@@ -5,6 +5,7 @@ tokenbucket plan METADATA... [--config F] [--gpu NAME | --budget-gib X] [--max-b
                  --out manifest.parquet [--force] [--json]
 tokenbucket plan --lerobot [NAME=]DATASET[:WEIGHT] [--lerobot ...] [--delta-timestamps JSON|@FILE.json]
                  [--cameras A,B] [--seed N] [plan flags as above]
+tokenbucket plan --lerobot [NAME=]DATASET[:WEIGHT] ... --lerobot-policy DIR|pi0|pi05|smolvla [plan flags as above]
 tokenbucket plan METADATA... --hf-config DIR | --preset STAGED [--train ...] [--sharding S --world-size N]
                  [--vision-share F] [--profile PROFILE.json (with --hf-config)] [--buckets 1d|2d]
                  [plan flags as above]
@@ -14,6 +15,11 @@ the model, and each bucket bound is priced as its worst sample: up to the vision
 tokens as images, the rest text (:class:`~tokenbucket.cost.staged_length.StagedLengthModel`).
 With ``--buckets 2d`` each bucket bounds the image tokens as well, and is priced at both bounds
 (NOTE [ Two-dimensional buckets ]).
+
+With ``--lerobot-policy`` the LeRobot policy (pi0, pi0.5, SmolVLA as LeRobot 0.4.4 trains them)
+counts each sample's tokens and prices each bucket
+(:class:`~tokenbucket.cost.lerobot_plan.PolicyLengthModel`, NOTE [ A policy's lengths ]): a batch
+size per bucket of a mixture of embodiments.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tokenbucket._exceptions import ConfigError, OversizeError, UsageError
@@ -45,6 +53,7 @@ from tokenbucket.cli._common import (
     share,
     spec_from_args,
 )
+from tokenbucket.cli._lerobot import lerobot_policy_arg
 from tokenbucket.cli._staged import (
     add_staged_flags,
     is_staged,
@@ -56,6 +65,7 @@ from tokenbucket.cli._staged import (
 from tokenbucket.cli._tables import _plan_json, _print_plan
 from tokenbucket.cost.calibration import CalibratedCostModel, Calibration, load_calibration
 from tokenbucket.cost.gpus import GPU
+from tokenbucket.cost.lerobot_plan import PolicyLengthModel
 from tokenbucket.cost.measured import MeasuredCostModel, ProfiledCostModel, SteppedCostModel, read_profile
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.model import ModelSpec
@@ -201,6 +211,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stills",
         metavar="CAM[,CAM]",
         help="with --hf-config: the cameras fed as images while the others are clips (e.g. a wrist camera)",
+    )
+    parser.add_argument(
+        "--lerobot-policy",
+        metavar="DIR_OR_PRESET",
+        help="with --lerobot: plan for a LeRobot policy as LeRobot 0.4.4 trains it: its config.json (or the "
+        "folder holding it) or a published default (pi0, pi05, smolvla); it counts each sample's tokens (its "
+        "camera slots, padded language, state and action chunk) and prices each bucket's batch",
     )
 
 
@@ -421,6 +438,8 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(f"{flag} goes with --lerobot DATASET, but no --lerobot was given")
     elif args.metadata:
         raise UsageError(f"give either METADATA or --lerobot DATASET, not both (got METADATA {args.metadata})")
+    if args.lerobot_policy is not None:
+        return _run_policy(args)
     staged = is_staged(args)
     if not staged:
         refuse_staged_flags(args, extra=("vision_share", "feed", "stills"))
@@ -519,6 +538,97 @@ def run(args: argparse.Namespace) -> int:
                 f"(fitted on {meta['calibration']['source'] or 'a run'})"
             )
         print(f"manifest: {args.out} ({len(manifest):,} rows)")
+    return 0
+
+
+# every flag that describes the model, its tokens or a plan the policy does not make
+_POLICY_REFUSED = (
+    *_IMAGE_SPEC_FLAGS, "text", "proprio", "action", "memory", "extra", "column", "preset", "hidden", "layers",
+    "heads", "kv_heads", "mlp_ratio", "gated_mlp", "precision", "attention", "qkv_layout", "window",
+    "checkpointing", "mode", "optimizer", "extra_params", "extra_bytes", "hf_config", "video_processor", "train",
+    "lora_rank", "sharding", "world_size", "vision_checkpointing", "backbone_checkpointing", "ddp_bucket_view",
+    "loop", "use_cache", "vision_share", "feed", "stills", "profile", "calibration",
+)  # fmt: skip
+
+
+def _policy_shape(rows: Path) -> tuple[int, tuple[int, int]]:
+    """The most cameras a sample holds and the largest camera frame, of ``--lerobot``'s rows; a
+    camera of more than one frame is refused (the policies read one frame per camera)."""
+    table = pq.read_table(rows, columns=["key", "cameras"])
+    cams = table.column("cameras").combine_chunks()
+    counts = pc.list_value_length(cams).to_numpy(zero_copy_only=False)
+    flat = cams.flatten()
+    frames = flat.field("frames").to_numpy(zero_copy_only=False)
+    if frames.size and frames.max() > 1:
+        i = int(np.argmax(frames))
+        raise UsageError(
+            f"--lerobot-policy reads one frame per camera (LeRobot's n_obs_steps=1), but --delta-timestamps gives "
+            f"{flat.field('name')[i].as_py()} {int(frames[i])} frames: give the camera keys one offset (or none)"
+        )
+    h = flat.field("height").to_numpy(zero_copy_only=False)
+    w = flat.field("width").to_numpy(zero_copy_only=False)
+    if not h.size:
+        raise UsageError("--lerobot-policy needs cameras, but the --lerobot datasets give none (see --cameras)")
+    i = int(np.argmax(h.astype(np.int64) * w))
+    return int(counts.max()), (int(h[i]), int(w[i]))
+
+
+def _run_policy(args: argparse.Namespace) -> int:
+    """``plan --lerobot ... --lerobot-policy P``: buckets and batch sizes as the policy runs them."""
+    if args.lerobot is None:
+        raise UsageError("--lerobot-policy plans LeRobot datasets: give --lerobot DATASET (repeatable)")
+    names = {"mode": "--model-mode", "use_cache": "--no-cache"}
+    given = [names.get(n, _flag(n)) for n in _POLICY_REFUSED if getattr(args, n, None) not in (None, [])]
+    given += ["--mode " + args.plan_mode] if args.plan_mode == "packed" else []
+    given += ["--buckets 2d"] if args.buckets == "2d" else []
+    given += ["--engine ray"] if args.engine == "ray" else []
+    if given:
+        raise UsageError(
+            f"{', '.join(given)}: not with --lerobot-policy (the policy's config says its tokens and sizes; it "
+            "plans static or dynamic 1D buckets here)"
+        )
+    budget = _budget(args)
+    if budget is None:
+        raise UsageError("plan needs a budget: --gpu NAME or --budget-gib X")
+    gpu = gpu_from_args(args)
+    policy = lerobot_policy_arg(args.lerobot_policy)
+    meta: dict[str, Any] = {"gpu": None if gpu is None else gpu.name}
+    with tempfile.TemporaryDirectory(prefix="tokenbucket-plan-") as tmp:
+        rows = Path(tmp) / "lerobot-rows.parquet"
+        meta["lerobot"] = _lerobot_metadata(args, rows)
+        slots, frame = _policy_shape(rows)
+        cost = PolicyLengthModel(policy, slots=slots, frame=frame, gpu=gpu)
+        meta["model"] = cost.record()
+        try:
+            manifest = build_manifest(
+                [rows], cost.token_spec(), cost, args.out, budget_bytes=budget, max_buckets=args.max_buckets,
+                mode=args.plan_mode, on_oversize=args.on_oversize, on_invalid=args.on_invalid, meta=meta,
+                force=args.force, progress=progress_from_args(args), multiple=1,  # NOTE [ A policy's lengths ]
+            )  # fmt: skip
+        except OversizeError as exc:
+            raise OversizeError(exc.worded("--on-oversize reject")) from None
+    summary = manifest.summary()
+    per_bucket = [
+        {"bound": b.bound, "camera_slots": cost.slots_at(b.bound), "batch_size": b.batch_size, "samples": b.samples}
+        for b in manifest.plan.buckets
+    ]
+    if args.json:
+        print(json.dumps({**_plan_json(manifest.plan), "summary": summary, "policy": meta["model"],
+                          "per_bucket": per_bucket}))  # fmt: skip
+        return 0
+    _print_plan(manifest.plan, summary)
+    m = meta["model"]
+    print(
+        f"LeRobot {policy.type} ({'expert only' if policy.train_expert_only else 'frozen tower' if policy.freeze_vision_encoder else 'full'}): "
+        f"{m['image_tokens']} tokens per camera slot + {m['fixed_tokens']} (language padded to "
+        f"{policy.tokenizer_max_length}, state, {policy.chunk_size}-step chunk); frames up to {frame[0]}x{frame[1]}"
+    )
+    for row in per_bucket:
+        print(
+            f"  bucket <= {row['bound']:,} tokens: {row['camera_slots']} camera slot(s), batch {row['batch_size']}, "
+            f"{row['samples']:,} samples"
+        )
+    print(f"manifest: {args.out} ({len(manifest):,} rows)")
     return 0
 
 

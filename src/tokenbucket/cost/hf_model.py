@@ -283,7 +283,8 @@ def _from_dict(name: str, config: dict[str, Any]) -> StagedModel:
 
 def _pi0() -> StagedModel:
     # openpi's pi0: PaliGemma-3B (vocab 257152) + a Gemma-300M-shaped flow-matching expert
-    # without token embeddings; 50-step chunks of 32-dim actions.
+    # without token embeddings; 50-step chunks of 32-dim actions. Its parameters are counted here;
+    # its memory is LeRobotPolicy's (NOTE [ pi0 is a LeRobot policy ]).
     base = _from_dict("pi0", {**_PALIGEMMA_3B, "text_config": dict(PALIGEMMA_TEXT)})
     expert = ModelSpec(name="gemma-300m-expert", hidden=1024, layers=18, heads=8, kv_heads=1, mlp_ratio=4.0,
                        gated_mlp=True)  # fmt: skip

@@ -132,6 +132,12 @@ class LeRobotPolicy:
         load_vlm_weights: SmolVLA's VLM loaded with ``from_pretrained(torch_dtype="bfloat16")``
             (bf16 VLM and expert) rather than built from its config (float32).
         train_state_proj: SmolVLA's state projection trains.
+        image_features: the policy's camera features (the config's ``VISUAL`` input features,
+            LeRobot's ``empty_camera_i`` among them); ``None``: not given (a preset).
+        empty_cameras: SmolVLA pads this many missing cameras (pi0 / pi0.5 pad every one).
+        tokenizer_max_length: the language tokens (0: the type's default, 48 for pi0 and
+            SmolVLA, 200 for pi0.5, whose prompt carries the discretised state). pi0 / pi0.5 pad
+            every prompt to it; SmolVLA pads to the batch's longest, at most this.
     """
 
     type: str
@@ -151,8 +157,13 @@ class LeRobotPolicy:
     attention_mode: str = "cross_attn"
     load_vlm_weights: bool = True
     train_state_proj: bool = True
+    image_features: int | None = None
+    empty_cameras: int = 0
+    tokenizer_max_length: int = 0
 
     def __post_init__(self) -> None:
+        if self.tokenizer_max_length == 0 and self.type in POLICY_TYPES:
+            object.__setattr__(self, "tokenizer_max_length", 200 if self.type == "pi05" else 48)
         if self.type not in POLICY_TYPES:
             raise ConfigError(f"type should be one of {list(POLICY_TYPES)}, but got type={self.type!r}")
         for name in ("paligemma_variant", "action_expert_variant"):
@@ -164,6 +175,17 @@ class LeRobotPolicy:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} should be a positive integer value, but got {name}={value!r}")
+        if self.image_features is not None and (
+            not isinstance(self.image_features, int) or isinstance(self.image_features, bool) or self.image_features < 1
+        ):
+            raise ConfigError(
+                f"the policy should have at least one camera feature (VISUAL input feature), "
+                f"but got {self.image_features!r}"
+            )
+        for name in ("empty_cameras", "tokenizer_max_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name} should be a non-negative integer value, but got {name}={value!r}")
         for name in ("num_expert_layers", "self_attn_every_n_layers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -202,10 +224,52 @@ class LeRobotPolicy:
         size = config.get("resize_imgs_with_padding" if kind == "smolvla" else "image_resolution")
         if isinstance(size, (list, tuple)) and size:
             changes["image_size"] = size[0]
+        features = config.get("input_features")
+        if features is not None:
+            if not isinstance(features, Mapping) or not all(isinstance(f, Mapping) for f in features.values()):
+                raise ConfigError(
+                    f"{path}: input_features should map each key to {{type, shape}}, but got {features!r}"
+                )
+            changes["image_features"] = sum(1 for f in features.values() if f.get("type") == "VISUAL")
         try:
             return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
         except (TypeError, ConfigError) as exc:
             raise ConfigError(f"{path}: {exc}") from None
+
+    # -- what a sample is to the policy -------------------------------------------------------
+
+    @property
+    def image_tokens(self) -> int:
+        """Prefix tokens per camera slot: SigLIP's patches at the policy's square (pi0 / pi0.5),
+        or SmolVLM's after its pixel shuffle (SmolVLA: 64 at 512 px)."""
+        if self.type == "smolvla":
+            c = _SMOLVLM2_500M
+            return (c["image"] // c["patch"] // c["scale_factor"]) ** 2
+        return (self.image_size // _SIGLIP_SO400M["patch"]) ** 2
+
+    @property
+    def state_tokens(self) -> int:
+        """pi0's state token (the suffix's first), SmolVLA's (the prefix's last); pi0.5 has none
+        (its state is in the prompt)."""
+        return 0 if self.type == "pi05" else 1
+
+    def slots(self, present: int) -> int:
+        """The camera slots a batch of ``present`` cameras runs (NOTE [ Camera slots ]).
+
+        NOTE [ Camera slots ]: LeRobot 0.4.4's pi0 / pi0.5 run every camera feature of the
+        policy, a missing camera as an image of -1 with its mask off (``_preprocess_images``):
+        a sample costs all ``image_features`` slots whatever it holds. SmolVLA pads at most
+        ``empty_cameras`` missing ones (``prepare_images``) and runs the others not at all: a
+        sample costs its cameras plus that many. Without ``image_features`` (a preset) pi0 /
+        pi0.5 run the cameras given.
+        """
+        if isinstance(present, bool) or not isinstance(present, int) or present < 1:
+            raise ConfigError(f"present should be a positive number of cameras, but got present={present!r}")
+        n = self.image_features
+        if self.type == "smolvla":
+            missing = self.empty_cameras if n is None else max(n - present, 0)
+            return present + min(missing, self.empty_cameras)
+        return present if n is None else max(present, n)
 
     # -- parameters ---------------------------------------------------------------------------
 
@@ -461,25 +525,64 @@ class LeRobotPolicy:
             total += cameras * (c["vision_layers"] * n * block + 2 * n * n + 3 * c["image"] ** 2 * 2 + 2 * n * h)
         return total
 
-    def memory(self, batch: int, *, cameras: int = 3, text_tokens: int = 48) -> dict[str, int]:
+    @staticmethod
+    def input_bytes(frames: int, frame: tuple[int, int] = (224, 224)) -> int:
+        """One sample's camera frames as the preprocessor hands them to the policy: ``frames``
+        float32 images of 3 x ``frame`` (LeRobot's datasets give [0, 1] floats; the batch is on
+        the GPU for the whole step, at the dataset's own size: the policy resizes a copy)."""
+        h, w = frame
+        return frames * 3 * h * w * 4
+
+    def _input_excess(self, cameras: int, present: int | None, frame: tuple[int, int] | None) -> int:
+        """What a sample's input frames add over those :meth:`activation_bytes` was fitted with
+        (``cameras`` frames of 224 x 224, all present; a padded slot's image is the policy's own,
+        in the fit either way): negative where fewer or smaller frames come in."""
+        if present is None and frame is None:
+            return 0
+        n = cameras if present is None else present
+        return self.input_bytes(n, frame or (224, 224)) - self.input_bytes(cameras)
+
+    def memory(
+        self,
+        batch: int,
+        *,
+        cameras: int = 3,
+        text_tokens: int = 48,
+        present: int | None = None,
+        frame: tuple[int, int] | None = None,
+    ) -> dict[str, int]:
         """The predicted peak bytes of a steady-state LeRobot step (``update_policy`` with AdamW):
         the larger of the end of forward (weights, AdamW states, ``batch`` samples' saved
-        tensors) and the optimizer step (weights, gradients, states, and the foreach
-        temporaries of one gradient's size). Returns ``peak_bytes`` and the items."""
+        tensors and input frames) and the optimizer step (weights, gradients, states, and the
+        foreach temporaries of one gradient's size). Returns ``peak_bytes`` and the items.
+
+        ``cameras``: the slots the policy runs (:meth:`slots`); ``present`` of them are in the
+        batch (default: all) as frames of ``frame`` (default 224 x 224)."""
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise ConfigError(f"batch should be a positive integer value, but got batch={batch!r}")
         static = self.static_bytes()
-        activations = batch * self.activation_bytes(cameras=cameras, text_tokens=text_tokens)
+        per_sample = self.activation_bytes(cameras=cameras, text_tokens=text_tokens)
+        activations = batch * (per_sample + self._input_excess(cameras, present, frame))
         forward = static["weights"] + static["optimizer"] + activations
         step = static["weights"] + 2 * static["gradients"] + static["optimizer"]
         return {"peak_bytes": max(forward, step), "activations": activations, **static}
 
-    def max_batch(self, budget_bytes: int, *, cameras: int = 3, text_tokens: int = 48) -> int:
+    def max_batch(
+        self,
+        budget_bytes: int,
+        *,
+        cameras: int = 3,
+        text_tokens: int = 48,
+        present: int | None = None,
+        frame: tuple[int, int] | None = None,
+    ) -> int:
         """The largest batch whose :meth:`memory` peak fits ``budget_bytes`` (0: not even one sample)."""
-        if self.memory(1, cameras=cameras, text_tokens=text_tokens)["peak_bytes"] > budget_bytes:
+        shape = {"cameras": cameras, "text_tokens": text_tokens, "present": present, "frame": frame}
+        if self.memory(1, **shape)["peak_bytes"] > budget_bytes:  # type: ignore[arg-type]
             return 0
         static = self.static_bytes()
         per_sample = self.activation_bytes(cameras=cameras, text_tokens=text_tokens)
+        per_sample += self._input_excess(cameras, present, frame)
         # the optimizer step does not grow with the batch; the end of forward does, linearly
         return max(1, (budget_bytes - static["weights"] - static["optimizer"]) // per_sample)
 

@@ -263,6 +263,16 @@ class StagedCostModel:
             raise ConfigError(f"setup should be a TrainSetup, but got {type(setup).__name__}")
         if config is not None and staged_from_config(config).backbone != model.backbone:
             raise ConfigError(f"config {config.path!r} does not describe model {model.name!r} (backbones differ)")
+        if model.name == "pi0":  # the preset
+            # NOTE [ pi0 is a LeRobot policy ]: a staged model prices a vocabulary head, its
+            # cross-entropy and flash attention; pi0 runs none of them (an MSE on its action chunk,
+            # eager attention with a float32 softmax over prefix and suffix, parameters without
+            # gradients): +23 .. +43 % over LeRobot's measured peaks. LeRobotPolicy prices it.
+            raise ConfigError(
+                "the pi0 preset is LeRobot's pi0: price it as LeRobot trains it with LeRobotPolicy.preset('pi0') "
+                "(CLI: --lerobot-policy pi0, or a LeRobot config.json folder); a staged model would price a "
+                "vocabulary head, cross-entropy and flash attention pi0 never runs"
+            )
         self.model = model
         self.setup = setup
         self.gpu = get_gpu(gpu) if gpu is not None else None

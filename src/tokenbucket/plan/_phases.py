@@ -28,6 +28,7 @@ def make_plan(
     meta: dict[str, Any] | None,
     progress: bool | None,
     vision: np.ndarray | None = None,
+    multiple: int = 64,
 ) -> BucketPlan:
     """Phase 2/3: the plan from pass 1's histogram (or lengths), shown as one step; with
     ``vision`` (every sample's image tokens) a 2D plan (NOTE [ Two-dimensional buckets ])."""
@@ -55,6 +56,7 @@ def make_plan(
                 mode=mode,  # type: ignore[arg-type]
                 on_oversize=on_oversize,  # type: ignore[arg-type]
                 meta=meta,
+                multiple=multiple,
             )
         step.update(1)
     finally:

@@ -319,6 +319,7 @@ def build_manifest(
     meta: dict[str, Any] | None = None,
     force: bool = False,
     two_d: bool = False,
+    multiple: int = 64,
 ) -> Manifest:
     """Count, plan and write a manifest for the metadata in ``sources``.
 
@@ -344,6 +345,8 @@ def build_manifest(
         two_d: plan 2D buckets, bounding every sample's image tokens as well as its length
             (:func:`~tokenbucket.plan.buckets_2d.plan_buckets_2d`; static mode, a cost model that
             takes ``vision=``: NOTE [ Two-dimensional buckets ]).
+        multiple: a 1D plan's bounds are multiples of this (64: tensor-core friendly shapes; 1:
+            every bound a sample's own length, for a model that never pads, as a LeRobot policy).
 
     Returns:
         The written manifest, loaded.
@@ -389,6 +392,7 @@ def build_manifest(
             meta=meta,
             progress=progress,
             vision=None if vision is None else (np.concatenate(vision) if vision else np.zeros(0, np.int64)),
+            multiple=multiple,
         )
     if not len(plan.bounds):
         raise ConfigError("the plan has no buckets: every sample was oversize")
