@@ -60,8 +60,11 @@ __all__ = [
     "PackedCollate",
     "PackedOptions",
     "block_diagonal_mask",
+    "cu_seqlens_of",
     "dense_mask_bytes",
     "flex_block_mask",
+    "mask_size_warning",
+    "next_fit_rows",
 ]
 
 # NOTE [ Dense mask size ]
@@ -81,9 +84,10 @@ def dense_mask_bytes(rows: int, pack_length: int) -> int:
     return int(rows) * int(pack_length) ** 2
 
 
-def block_diagonal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+def block_diagonal_mask(segment_ids: torch.Tensor, *, causal: bool = False) -> torch.Tensor:
     """``[R, 1, P, P]`` bool, True where token q may attend to token k: the same sample (or, for a
-    padding token, itself). For ``scaled_dot_product_attention(..., attn_mask=mask)``.
+    padding token, itself); with ``causal``, only k at or before q (a decoder's mask). For
+    ``scaled_dot_product_attention(..., attn_mask=mask)``.
 
     The mask is dense: ``R x P²`` bytes (:func:`dense_mask_bytes`; and a masked SDPA computes
     every score), which the plan's flash / varlen cost does not include; at long rows use
@@ -92,11 +96,63 @@ def block_diagonal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     Example:
         >>> block_diagonal_mask(torch.tensor([[1, 1, 2, 0]]))[0, 0].int().tolist()
         [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+        >>> block_diagonal_mask(torch.tensor([[1, 1, 2, 2]]), causal=True)[0, 0].int().tolist()
+        [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
     """
     same = segment_ids[:, :, None] == segment_ids[:, None, :]
     real = (segment_ids > 0)[:, :, None]
     eye = torch.eye(segment_ids.shape[1], dtype=torch.bool, device=segment_ids.device)
+    if causal:
+        same = same & torch.ones_like(eye).tril()
     return ((same & real) | eye)[:, None]
+
+
+def mask_size_warning(rows: int, pack_length: int) -> str | None:
+    """The warning for a batch whose dense block mask passes 256 MiB (NOTE [ Dense mask size ]), else None."""
+    nbytes = dense_mask_bytes(rows, pack_length)
+    if nbytes <= DENSE_MASK_WARN_BYTES:
+        return None
+    return (
+        f"packed batch of {rows} rows x {pack_length:,} tokens: a dense block_diagonal_mask "
+        f"would take {nbytes / 2**20:,.0f} MiB (rows x pack_length² bytes), outside the plan's "
+        "memory; use cu_seqlens with a varlen kernel or flex_block_mask instead"
+    )
+
+
+def next_fit_rows(
+    sizes: Sequence[tuple[int, int]], pack_length: int, rows: int | None, name: str = ""
+) -> list[list[int]]:
+    """``(index, tokens)`` of a batch's samples, in order, into rows of ``pack_length`` tokens
+    next-fit (NOTE [ Packed rows ]): per row, the positions in ``sizes`` of its samples.
+
+    Raises:
+        ConfigError: a sample longer than ``pack_length`` (``name(index)`` names it), or more
+            rows than ``rows`` (when given).
+    """
+    out: list[list[int]] = []
+    used = 0
+    for n, (i, size) in enumerate(sizes):
+        if size > pack_length:
+            raise ConfigError(f"sample {i}{name} has {size:,} tokens, more than pack_length={pack_length:,}")
+        if not out or used + size > pack_length:  # (a first sample of 0 tokens still needs a row)
+            out.append([])
+            used = 0
+        out[-1].append(n)
+        used += size
+    if rows is not None and len(out) > rows:
+        raise ConfigError(
+            f"the batch needs {len(out)} rows of {pack_length:,} tokens but holds {rows}: the sampler's packing "
+            f"and the collate's pack_length / rows_per_batch disagree"
+        )
+    return out
+
+
+def cu_seqlens_of(seqlens: Sequence[int]) -> torch.Tensor:
+    """int32 ``[len(seqlens) + 1]``: 0, then the running sums (flash-attn's varlen boundaries)."""
+    cu = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
+    if seqlens:
+        cu[1:] = torch.cumsum(torch.tensor(seqlens, dtype=torch.int32), 0)
+    return cu
 
 
 def flex_block_mask(segment_ids: torch.Tensor) -> Any:
@@ -157,40 +213,20 @@ class PackedCollate:
 
     def _check_mask_size(self, rows: int) -> None:
         """Warn once when this batch's dense block mask would pass 256 MiB (NOTE [ Dense mask size ])."""
-        nbytes = dense_mask_bytes(rows, self.pack_length)
-        if self._warned_mask or nbytes <= DENSE_MASK_WARN_BYTES:
+        message = mask_size_warning(rows, self.pack_length)
+        if self._warned_mask or message is None:
             return
         self._warned_mask = True
-        warnings.warn(
-            f"packed batch of {rows} rows x {self.pack_length:,} tokens: a dense block_diagonal_mask "
-            f"would take {nbytes / 2**20:,.0f} MiB (rows x pack_length² bytes), outside the plan's "
-            "memory; use cu_seqlens with a varlen kernel or flex_block_mask instead",
-            UserWarning,
-            stacklevel=3,
-        )
+        warnings.warn(message, UserWarning, stacklevel=3)
 
     def __call__(self, batch: Sequence[tuple[int, Any]]) -> dict[str, Any]:
         P = self.pack_length
         samples = [
             (i, self.data.tokens_of(i, item, self.tokens_key)) for i, item in batch if not isinstance(item, EmptyRow)
         ]
-        rows: list[list[tuple[int, torch.Tensor]]] = []
-        used = 0  # next-fit (NOTE [ Packed rows ])
-        for i, t in samples:
-            n = int(t.shape[0])
-            if n > P:
-                raise ConfigError(f"sample {i} has {n:,} tokens, more than pack_length={P:,}")
-            if not rows or used + n > P:  # (a first sample of 0 tokens still needs a row)
-                rows.append([])
-                used = 0
-            rows[-1].append((i, t))
-            used += n
+        fit = next_fit_rows([(i, int(t.shape[0])) for i, t in samples], P, self.rows_per_batch)
+        rows = [[samples[n] for n in row] for row in fit]  # next-fit (NOTE [ Packed rows ])
         R = self.rows_per_batch if self.rows_per_batch is not None else max(1, len(rows))
-        if len(rows) > R:
-            raise ConfigError(
-                f"the batch needs {len(rows)} rows of {P:,} tokens but holds {R}: the sampler's packing "
-                f"and the collate's pack_length / rows_per_batch disagree"
-            )
         self._check_mask_size(R)
         template = samples[0][1] if samples else self.data.token_template(self.tokens_key)
         # a row is its samples end to end, padded like any collate's rows
@@ -210,9 +246,7 @@ class PackedCollate:
                 seqlens.append(n)
                 pos += n
         index += [[] for _ in range(R - len(rows))]
-        cu = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
-        if seqlens:
-            cu[1:] = torch.cumsum(torch.tensor(seqlens, dtype=torch.int32), 0)
+        cu = cu_seqlens_of(seqlens)
         peak = int(self.cost_model.memory(R, P).total) if self.cost_model is not None else 0
         info = self.data.batch_info([i for i, _ in samples], bucket=0, shape=(R, P), predicted_peak_bytes=peak)
         if position_of(batch) is not None:  # NOTE [ Position through the workers ]
