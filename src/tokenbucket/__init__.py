@@ -103,6 +103,7 @@ _LAZY = {
     "BucketBatchSampler": "train.sampler",
     "PackedBatchSampler": "train.packing",
     "PackedCollate": "train.packing",
+    "PackedModalityCollate": "train.packed_modal",
     "block_diagonal_mask": "train.packing",
     "RiskSplitSampler": "train.risk",
     "WarmupRecord": "train.warmup",
@@ -156,6 +157,7 @@ if TYPE_CHECKING:
     from tokenbucket.train.batch import Batch, BatchInfo, FrozenFieldError, Segment, token_layout
     from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
     from tokenbucket.train.modal import ModalityCollate, ModalityKeys
+    from tokenbucket.train.packed_modal import PackedModalityCollate
     from tokenbucket.train.packing import PackedBatchSampler, PackedCollate, block_diagonal_mask
     from tokenbucket.train.risk import RiskSplitSampler
     from tokenbucket.train.sampler import BucketBatchSampler
@@ -206,6 +208,7 @@ __all__ = [
     "OversizeError",
     "PackedBatchSampler",
     "PackedCollate",
+    "PackedModalityCollate",
     "PlanDriftWarning",
     "PlanError",
     "RiskSplitSampler",

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
@@ -120,20 +120,28 @@ def mask_size_warning(rows: int, pack_length: int) -> str | None:
 
 
 def next_fit_rows(
-    sizes: Sequence[tuple[int, int]], pack_length: int, rows: int | None, name: str = ""
+    sizes: Sequence[tuple[int, int]],
+    pack_length: int,
+    rows: int | None,
+    key_of: Callable[[int], str] | None = None,
 ) -> list[list[int]]:
     """``(index, tokens)`` of a batch's samples, in order, into rows of ``pack_length`` tokens
     next-fit (NOTE [ Packed rows ]): per row, the positions in ``sizes`` of its samples.
 
     Raises:
-        ConfigError: a sample longer than ``pack_length`` (``name(index)`` names it), or more
-            rows than ``rows`` (when given).
+        ConfigError: a sample longer than ``pack_length`` (named by its index, and by
+            ``key_of(index)`` when given), or more rows than ``rows`` (when given).
+
+    Example:
+        >>> next_fit_rows([(7, 3), (8, 4), (9, 2)], 6, None)
+        [[0], [1, 2]]
     """
     out: list[list[int]] = []
     used = 0
     for n, (i, size) in enumerate(sizes):
         if size > pack_length:
-            raise ConfigError(f"sample {i}{name} has {size:,} tokens, more than pack_length={pack_length:,}")
+            named = f"sample {i}" if key_of is None else f"sample {i} (key {key_of(i)!r})"
+            raise ConfigError(f"{named} has {size:,} tokens, more than pack_length={pack_length:,}")
         if not out or used + size > pack_length:  # (a first sample of 0 tokens still needs a row)
             out.append([])
             used = 0
