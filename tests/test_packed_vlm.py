@@ -189,8 +189,9 @@ def test_packed_vlm_three_samples_of_different_sizes_share_one_row(data: TokenBu
     items = [data[i][1] for i in picked]
     lengths = [it["input_ids"].shape[1] for it in items]
     assert sum(lengths) <= PACK and len(set(lengths)) == 3
-    batch = PackedModalityCollate(data, PACK, rows_per_batch=2)([data[i] for i in picked])
+    batch = PackedModalityCollate(data, PACK, rows_per_batch=2, cost_model=COST)([data[i] for i in picked])
     assert batch["index"] == [picked, []] and batch["info"].shape == (2, PACK)
+    assert batch["info"].predicted_peak_bytes == int(COST.memory(2, PACK).total)  # priced at the rows' shape
     assert batch["input_ids"].shape == batch["labels"].shape == batch["segment_ids"].shape == (2, PACK)
     assert batch["cu_seqlens"].tolist() == [0, *np.cumsum(lengths).tolist()]
     assert batch["max_seqlen"] == max(lengths) and batch["cu_seqlens"].dtype == torch.int32
@@ -280,15 +281,23 @@ def test_packed_vlm_ids_without_the_image_placeholders_are_refused(data: TokenBu
         PackedModalityCollate(data, PACK)([(i, short)])
 
 
-def test_packed_vlm_through_the_packed_sampler_every_sample_once(data: TokenBucketDataset) -> None:
-    sampler = PackedBatchSampler.from_dataset(data, seed=1)
-    collate = PackedModalityCollate(data, PACK, sampler.rows_per_batch, mask_dtype=None)
-    seen = []
-    for batch in DataLoader(data, batch_sampler=sampler, collate_fn=collate):
-        assert batch["input_ids"].shape == (sampler.rows_per_batch, PACK)
-        assert int(batch["segment_ids"].gt(0).sum()) == int(batch["cu_seqlens"][-1])
-        seen += [i for row in batch["index"] for i in row]
-    assert sorted(seen) == list(range(len(data)))
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_packed_vlm_through_the_packed_sampler_every_sample_once(data: TokenBucketDataset, world_size: int) -> None:
+    seen, empty = [], 0
+    for rank in range(world_size):
+        sampler = PackedBatchSampler.from_dataset(data, seed=1, rank=rank, world_size=world_size)
+        collate = PackedModalityCollate(data, PACK, sampler.rows_per_batch, mask_dtype=None)
+        for batch in DataLoader(data, batch_sampler=sampler, collate_fn=collate):
+            assert batch["input_ids"].shape == (sampler.rows_per_batch, PACK)
+            assert int(batch["segment_ids"].gt(0).sum()) == int(batch["cu_seqlens"][-1])
+            rows = batch["index"]
+            seen += [i for row in rows for i in row]
+            # a rank's padding batch (an empty row): no token, no image, the shapes kept
+            if not any(rows):
+                empty += 1
+                assert batch["pixel_values"].shape == (0, 1176) and not batch["segment_ids"].any()
+    assert sorted(seen) == list(range(len(data)))  # every sample once, over all ranks
+    assert (empty > 0) == (world_size > 1)
 
 
 def test_packed_vlm_options_are_checked(data: TokenBucketDataset) -> None:

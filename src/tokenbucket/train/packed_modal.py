@@ -9,16 +9,17 @@ never split and each row's samples are contiguous in batch order, so the patch s
 concatenates images in batch order, is also in row order.
 
 * Vision tower: ``pixel_values`` holds the patches of every image of every row in row order,
-  ``image_grid_thw`` one ``(t, h, w)`` a image, ``image_cu_seqlens`` the image boundaries (each
-  image attends only to itself; Qwen2-VL's tower derives the same segments from the grid, one
-  a temporal patch for a clip), ``image_rows`` / ``image_segment_ids`` where each image sits.
-  Clips are the same under ``pixel_values_videos``, ``video_grid_thw``, ``video_cu_seqlens``.
+  ``image_grid_thw`` one ``(t, h, w)`` an image, ``image_cu_seqlens`` the image boundaries (each
+  image attends only to itself, as Qwen2-VL's tower does from the grid alone: it needs no mask),
+  ``image_rows`` / ``image_segment_ids`` where each image sits. Clips are the same under
+  ``pixel_values_videos``, ``video_grid_thw``, ``video_cu_seqlens`` (one segment a clip;
+  Qwen2-VL's tower cuts a clip further, one segment a temporal patch, from its grid).
 * LLM: ``input_ids``, ``labels``, ``segment_ids`` (1, 2, ... per sample of a row, 0 on padding),
   ``text_position_ids`` (0, 1, ... restarting per sample), ``cu_seqlens`` / ``max_seqlen`` over the
   real tokens in row order, and ``position_ids``: with ``rope_config``, the model's 3-D rope
   ``[3, R, P]`` computed for each sample alone by transformers' own ``get_rope_index``
   (:func:`tokenbucket.models.qwen2_vl.rope_positions`) and placed where the sample sits, so every
-  sample sees exactly the positions it would see unpacked.
+  sample sees exactly the positions it would see unpacked; without it, ``text_position_ids``.
 * NOTE [ Labels in a packed row ]: labels are unshifted, as a Hugging Face model takes them (it
   shifts: the logits at t are scored on ``labels[t + 1]``). The first token of every sample gets
   ``label_pad_id``, so the last token of one sample is never scored on the first of the next;
@@ -26,23 +27,32 @@ concatenates images in batch order, is also in row order.
 * ``attention_mask``: ``[R, 1, P, P]``, causal inside each sample and zero across samples
   (:func:`~tokenbucket.train.packing.block_diagonal_mask` with ``causal=True``): bool (True =
   attend) for SDPA, or additive in a float ``mask_dtype`` (0, and the dtype's minimum where
-  masked) for eager attention, which adds the mask to its scores. transformers (5.x) hands a 4-D
-  mask to the attention as it is, so ``model(input_ids=..., pixel_values=..., image_grid_thw=...,
-  position_ids=batch["position_ids"], attention_mask=batch["attention_mask"])`` computes per
-  sample what the sample alone computes (tests/test_packed_vlm.py). The mask is dense: ``R x P²``
-  elements, outside the plan's flash / varlen prediction (NOTE [ Dense mask size ]).
+  masked) for eager attention, which adds the mask to its scores (a bool mask would be added as
+  0 / 1: wrong, silently). transformers (5.24) hands a 4-D mask to the attention as it is
+  (``masking_utils._preprocess_mask_arguments``), so ``model(input_ids=..., pixel_values=...,
+  image_grid_thw=..., position_ids=batch["position_ids"], attention_mask=batch["attention_mask"])``
+  computes per sample what the sample alone computes (tests/test_packed_vlm.py). The mask is
+  dense: ``R x P²`` elements, outside the plan's flash / varlen prediction (NOTE [ Dense mask size ]).
 
-With flash-attn (``mask_dtype=None``: no dense mask), hand the model the positions and no mask.
-transformers' Qwen2-VL reads 4-row ``position_ids`` as (text, t, h, w) and cuts its varlen
-segments where the text positions restart::
+NOTE [ Packed rows into flash-attn ]
+With flash-attn, take ``mask_dtype=None`` (no dense mask) and hand transformers the real tokens
+as one padding-free sequence: its flash path finds varlen segments only in a batch of one row.
+Qwen2-VL reads 4-row ``position_ids`` as (text, t, h, w) and cuts the sequence where the text
+positions restart::
 
-    pos = torch.cat([batch["text_position_ids"][None], batch["position_ids"]])  # [4, R, P]
-    model(input_ids=batch["input_ids"], pixel_values=..., image_grid_thw=..., position_ids=pos)
+    real = batch["segment_ids"] > 0
+    pos = torch.cat([batch["text_position_ids"][None], batch["position_ids"]])[:, real][:, None]
+    model(input_ids=batch["input_ids"][real][None], position_ids=pos, use_cache=False,
+          pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"])
 
-or give its flash kernels the boundaries themselves: ``cu_seq_lens_q=cu_seq_lens_k=batch["cu_seqlens"]``
-and ``max_length_q=max_length_k=batch["max_seqlen"]`` over the real tokens (NOTE [ Packed rows ]).
-Do not pass the batch's ``cu_seqlens`` as ``cu_seqlens=``: Qwen2-VL's vision tower takes a
-keyword of that name as its own image boundaries.
+(the labels likewise: ``batch["labels"][real][None]``), or give its flash kernels the
+boundaries: ``cu_seq_lens_q=cu_seq_lens_k=batch["cu_seqlens"]``,
+``max_length_q=max_length_k=batch["max_seqlen"]`` (the real tokens, in row order). Two traps
+in transformers 5.24: with a cache (``use_cache`` defaults to the config's True, in training
+too unless gradient checkpointing turns it off) its mask builder does not look for packed
+positions, so under SDPA / eager the samples see each other; and the batch's ``cu_seqlens``
+must not be passed as ``cu_seqlens=``: Qwen2-VL's vision tower takes a keyword of that name as
+its own image boundaries.
 """
 
 from __future__ import annotations
