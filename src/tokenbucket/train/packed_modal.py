@@ -122,7 +122,7 @@ class PackedModalityCollate:
         rope_config: the model's transformers config (``model_type`` in :data:`ROPE_MODEL_TYPES`):
             ``position_ids`` are its 3-D rope, and the placeholder ids default to its own.
         mask_dtype: ``torch.bool`` (SDPA), a float dtype (an additive mask, for eager
-            attention) or ``None`` (no dense mask: flash-attn varlen).
+            attention) or ``None`` (no dense mask: flash-attn varlen, NOTE [ Packed rows into flash-attn ]).
         keys, ragged, pad_id, label_pad_id, make_labels, image_token_id, video_token_id: as
             :class:`~tokenbucket.train.modal.ModalityCollate`.
         cost_model: predicts each batch's peak at ``(R, P)``.
@@ -333,7 +333,7 @@ class PackedModalityCollate:
 
     def _mask(self, out: Batch, rows: int) -> None:
         """The dense causal block-diagonal mask (NOTE [ Packed VLM rows ], NOTE [ Dense mask size ])."""
-        if self.mask_dtype is None:
+        if self.mask_dtype is None:  # NOTE [ Packed rows into flash-attn ]
             return
         message = mask_size_warning(rows, self.pack_length)
         if message is not None and not self._warned_mask:
