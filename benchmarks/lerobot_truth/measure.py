@@ -4,6 +4,7 @@ Command (what ``tests/data/lerobot_truth.json`` comes from; no GPU, no weights d
 
     bash benchmarks/lerobot_truth/build.sh                                   # its own environment
     benchmarks/lerobot_truth/.venv/bin/python benchmarks/lerobot_truth/measure.py          # everything
+    benchmarks/lerobot_truth/.venv/bin/python benchmarks/lerobot_truth/measure.py --planner  # + the planner's shapes
     benchmarks/lerobot_truth/.venv/bin/python benchmarks/lerobot_truth/measure.py \
         --policy pi0 --variant full --batch 1 --batch 4 --out /tmp/pi0.json
     python3 benchmarks/lerobot_truth/measure.py --table                     # the fixture as a table
@@ -90,6 +91,45 @@ VARIANTS = {
     "smolvla": ("default", "unfrozen_vlm", "full"),
 }
 BATCHES = (1, 4, 16, 32, 64)
+_FULL_4_16 = ["--variant", "full", "--batch", "4", "--batch", "16"]
+# the planner's shapes (`plan --lerobot-policy`): batches holding fewer cameras than the policy's
+# features, 480 x 640 frames as a dataset hands them over, pi0.5's language at its own 200 tokens
+PLANNER = [
+    *(["--policy", "pi0", *_FULL_4_16, "--present", str(n), "--frame", "480x640"] for n in (1, 2, 3)),
+    ["--policy", "pi0", "--variant", "full", "--batch", "16", "--present", "1"],
+    ["--policy", "pi05", *_FULL_4_16, "--text-tokens", "200"],
+    [
+        "--policy",
+        "pi05",
+        "--variant",
+        "full",
+        "--batch",
+        "16",
+        "--text-tokens",
+        "200",
+        "--present",
+        "2",
+        "--frame",
+        "480x640",
+    ],
+    *(
+        [
+            "--policy",
+            "smolvla",
+            "--variant",
+            "default",
+            "--batch",
+            "4",
+            "--batch",
+            "16",
+            "--present",
+            str(n),
+            "--frame",
+            "480x640",
+        ]
+        for n in (1, 2, 3)
+    ),
+]
 CAMERAS = 3
 IMAGE_SIZE = 224
 TEXT_TOKENS = 48
@@ -679,6 +719,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--frame", type=_frame, help="the batch's frame size HxW (default 224x224)")
     parser.add_argument("--out", default=str(FIXTURE))
     parser.add_argument("--table", action="store_true", help="print --out's points as a Markdown table")
+    parser.add_argument("--planner", action="store_true", help="measure the planner's shapes (PLANNER) into --out")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.table:
@@ -686,6 +727,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.worker:
         worker(args)
+        return
+    if args.planner:
+        for extra in PLANNER:
+            main([*extra, "--out", args.out])
         return
     merged: dict[str, Any] = {"points": [], "failures": {}}
     out = Path(args.out)
