@@ -195,3 +195,25 @@ def test_lerobot_plan_cli_policy_needs_lerobot_data(tmp_path: Path, capsys: pyte
     )
     assert code == 2
     one_line_error(err, "--lerobot-policy", "--lerobot DATASET")
+
+
+def test_lerobot_plan_cli_dataset_without_cameras_is_one_line(
+    tmp_path: Path, lerobot_dir: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    info = json.loads((Path(lerobot_dir) / "pusht.json").read_text())
+    info["features"] = {k: v for k, v in info["features"].items() if v["dtype"] not in ("video", "image")}
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "meta" / "info.json").write_text(json.dumps(info))
+    (tmp_path / "meta" / "episodes.jsonl").write_text(json.dumps({"episode_index": 0, "length": 5}) + "\n")
+    argv = ["plan", "--lerobot", str(tmp_path), "--lerobot-policy", "smolvla", "--gpu", "H100-SXM"]
+    code, _, err = cli(capsys, *argv, "--out", str(tmp_path / "m.parquet"))
+    assert code == 2
+    one_line_error(err, "--lerobot-policy needs cameras")
+
+
+def test_lerobot_plan_step_time_counts_each_policy_s_own_layers() -> None:
+    pi0 = PolicyLengthModel(LeRobotPolicy.preset("pi0"), slots=3, gpu="H100-SXM")
+    smol = PolicyLengthModel(LeRobotPolicy.preset("smolvla"), slots=3, gpu="H100-SXM")
+    # pi0: 18 backbone + 18 expert layers + 27 SigLIP blocks; SmolVLA: 16 VLM + 16 expert + 12 tower
+    assert pi0.fixed_cost().kernels // (18 + 18 + 27) == smol.fixed_cost().kernels // (16 + 16 + 12)
+    assert pi0.step_seconds(8, pi0.length(3)) > smol.step_seconds(8, smol.length(3)) > 0

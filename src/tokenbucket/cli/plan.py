@@ -556,8 +556,10 @@ def _policy_shape(rows: Path) -> tuple[int, tuple[int, int]]:
     camera of more than one frame is refused (the policies read one frame per camera)."""
     table = pq.read_table(rows, columns=["key", "cameras"])
     cams = table.column("cameras").combine_chunks()
-    counts = pc.list_value_length(cams).to_numpy(zero_copy_only=False)
     flat = cams.flatten()
+    if not len(flat):
+        raise UsageError("--lerobot-policy needs cameras, but the --lerobot datasets give none (see --cameras)")
+    counts = pc.list_value_length(cams).to_numpy(zero_copy_only=False)
     frames = flat.field("frames").to_numpy(zero_copy_only=False)
     if frames.size and frames.max() > 1:
         i = int(np.argmax(frames))
@@ -567,8 +569,6 @@ def _policy_shape(rows: Path) -> tuple[int, tuple[int, int]]:
         )
     h = flat.field("height").to_numpy(zero_copy_only=False)
     w = flat.field("width").to_numpy(zero_copy_only=False)
-    if not h.size:
-        raise UsageError("--lerobot-policy needs cameras, but the --lerobot datasets give none (see --cameras)")
     i = int(np.argmax(h.astype(np.int64) * w))
     return int(counts.max()), (int(h[i]), int(w[i]))
 

@@ -223,8 +223,14 @@ class PolicyLengthModel:
     def fixed_cost(self) -> FixedCost:
         """The optimizer's memory traffic (AdamW over the parameters that get a gradient) and the
         kernels of every layer; one GPU, no collectives."""
-        static = self.policy.static_bytes()
-        layers = 2 * _GEMMA[self.policy.paligemma_variant].depth + _SIGLIP_SO400M["layers"]
+        p = self.policy
+        static = p.static_bytes()
+        if p.type == "smolvla":  # VLM layers, as many expert layers at most, the tower
+            c = _SMOLVLM2_500M
+            layers = 2 * min(p.num_vlm_layers, c["text_layers"]) + c["vision_layers"]
+        else:
+            layers = _GEMMA[p.paligemma_variant].depth + _GEMMA[p.action_expert_variant].depth
+            layers += _SIGLIP_SO400M["layers"]
         return FixedCost(optimizer_io_bytes(static["optimizer"], static["gradients"]), 0, _KERNELS_PER_LAYER * layers)
 
     def step_time_parts(self, batch: int, length: int) -> StepSeconds:
