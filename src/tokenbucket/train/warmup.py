@@ -24,6 +24,7 @@ Example (``step`` runs for real; here forward and backward, the gradients droppe
     >>> cost = CostModel(ModelSpec(hidden=32, layers=1, heads=4, precision="fp32", attention="eager"))
     >>> lengths = np.random.default_rng(0).integers(8, 200, 48)
     >>> plan = plan_buckets(lengths, cost, 8 * 2**20, max_buckets=3, multiple=32)
+    >>> torch.compiler.reset()  # as a fresh process: no earlier compile of Linear.forward is cached
     >>> model = torch.nn.Linear(32, 32)
     >>> compiled = torch.compile(model, backend="aot_eager", dynamic=False)  # inductor on a GPU
     >>> def step(batch):
