@@ -12,6 +12,10 @@ Risk, in the table and the plots, is a batch's predicted peak memory / the plan'
 A 2D run (its buckets bound image tokens too) shows each bucket's two bounds in the table, then
 its buckets as a grid, a row per length bound and a column per image-token bound (``grid`` in
 ``--json``; NOTE [ The 2D report grid ] in :mod:`tokenbucket.monitor._grid`).
+
+A distributed run's log (its steps carry every rank's times) adds the rank imbalance, slowest
+rank / mean - 1 summed over the run and per epoch, measured and predicted (``ranks`` in
+``--json``; NOTE [ Rank balance ] in :mod:`tokenbucket.monitor.ranks`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cli._common import progress_from_args
 from tokenbucket.monitor._grid import format_grid
+from tokenbucket.monitor.ranks import format_rank_balance, rank_balance_of_events
 from tokenbucket.monitor.report import check_report_dir, read_events, run_grid, write_report
 from tokenbucket.monitor.stats import format_summary, summarize_events
 
@@ -75,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     rows = summarize_events(log.events)
     counts = log.counts()
     grid = run_grid(log, rows)  # None for a 1D run, whose output stays as it was
+    ranks = rank_balance_of_events(log.events)  # None for a one-process run, whose output stays as it was
     if args.json:
         out = {
             "buckets": rows,
@@ -82,12 +88,18 @@ def run(args: argparse.Namespace) -> int:
             "partial_last_line": log.partial_last_line,
             "skipped_lines": list(log.skipped_lines),
         }
-        print(json.dumps(out if grid is None else {**out, "grid": grid}))
+        if grid is not None:
+            out["grid"] = grid
+        if ranks is not None:
+            out["ranks"] = ranks
+        print(json.dumps(out))
     else:
         print(format_summary(rows))
         if grid is not None:
             print(f"\n{format_grid(grid)}\n")
         print(f"events: {len(log.of('step')):,} steps, " + ", ".join(f"{k} {n:,}" for k, n in counts.items()))
+        if ranks is not None:
+            print(format_rank_balance(ranks))
     if args.out is not None:
         files = write_report(log, args.out, progress=progress_from_args(args))
         if not args.json:

@@ -22,14 +22,18 @@ Events (one dict each, to every sink; JSON-ready):
   ``predicted_s`` (its predicted seconds; ``None`` without a GPU), which ``tokenbucket
   calibrate`` fits (NOTE [ Calibration fit ]); ``compiles``: frames TorchDynamo compiled during
   the step (:func:`~tokenbucket.train.warmup.compile_count`; after a static plan's warm-up, 0);
-  in a 2D plan ``vision_bound``, the bucket's image-token bound (FLOPs and seconds are at it).
+  in a 2D plan ``vision_bound``, the bucket's image-token bound (FLOPs and seconds are at it);
+  under ``torch.distributed`` with more than one rank, each rank's ``rank_predicted_s`` and
+  ``rank_latency_s`` (lists by rank), ``rank_imbalance_predicted`` / ``_measured`` (slowest ÷
+  mean − 1) and the sampler's ``epoch`` (NOTE [ Rank balance ] in :mod:`tokenbucket.monitor.ranks`).
 * ``risk``: a batch above ``risk_threshold``: ``keys``, ``tokens`` by modality, ``cameras``.
 * ``oom``: an out-of-memory error: the batch's ``keys``, ``tokens``, ``cameras``, ``policy``,
   ``message`` (and ``replay`` when its keys went to the replay file).
 * ``drift``: measured / predicted of a bucket rose past ``1 + drift_margin`` (then past each
   further margin): ``ratio``, ``suggested_factor``.
 * ``adapt``: a bucket's batch size lowered after an OOM (``old_batch_size``, ``new_batch_size``).
-* ``resume``, ``summary`` (at :meth:`BucketMonitor.close`: the per-bucket table).
+* ``resume``, ``summary`` (at :meth:`BucketMonitor.close`: the per-bucket table; ``ranks``, the
+  run's and each epoch's rank imbalance, where the monitor gathered).
 
 NOTE [ Latency ]
 A batch on a GPU is timed with CUDA events recorded around the step and read when it ends (one
@@ -53,6 +57,7 @@ import torch
 
 from tokenbucket._exceptions import ConfigError, OOMRiskWarning, PlanDriftWarning, StateError
 from tokenbucket.monitor._split import split_batch
+from tokenbucket.monitor.ranks import RankBalance, distributed_world_size, gather_step_times
 from tokenbucket.monitor.report import _is_cut
 from tokenbucket.monitor.sinks import CUT_EVENT, JsonlSink, append_line
 from tokenbucket.monitor.stats import RunStats
@@ -176,8 +181,11 @@ class BucketMonitor:
         replay_path: where a guard writes the keys it did not train (default: the first JSONL
             sink's path with ``.replay.jsonl``).
         clock: the timer for CPU steps (a fake one in tests).
+        rank_balance: under ``torch.distributed`` with more than one rank, all-gather each step's
+            predicted and measured seconds so every rank logs them all (NOTE [ Rank balance ]):
+            a collective, so every rank must run a monitor; ``False`` to gather nothing.
 
-    State keys: ``step``, ``stats``, ``drift_levels``, ``limits``.
+    State keys: ``step``, ``stats``, ``drift_levels``, ``limits``, and ``ranks`` (optional on load).
     """
 
     STATE_KEYS = ("step", "stats", "drift_levels", "limits")
@@ -194,8 +202,11 @@ class BucketMonitor:
         data: CameraTokens | None = None,
         replay_path: str | Path | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        rank_balance: bool = True,
     ) -> None:
         check_risk_options(risk_threshold, "warn")
+        if not isinstance(rank_balance, bool):
+            raise ConfigError(f"rank_balance should be True or False, but got rank_balance={rank_balance!r}")
         if not drift_margin >= 0:
             raise ConfigError(f"drift_margin should be a non-negative number, but got drift_margin={drift_margin!r}")
         check_vision_cost(plan, cost_model, ("memory", "max_batch"))  # a 2D plan's model takes vision=
@@ -219,6 +230,7 @@ class BucketMonitor:
             replay_path = jsonl.path.with_suffix(".replay.jsonl") if jsonl is not None else None
         self.replay_path = None if replay_path is None else Path(replay_path)
         self.stats = RunStats()
+        self.rank_balance_on, self.ranks = rank_balance, RankBalance()
         self.step_count = 0
         self.drift_levels: dict[int, float] = {}
         self.limits: dict[int, int] = {}  # batch sizes lowered after OOMs (adapt=True)
@@ -319,6 +331,12 @@ class BucketMonitor:
         step = self.step_count
         self.step_count += 1
         tokens_per_s = info.real_tokens / latency if latency > 0 else 0.0
+        predicted = self._predicted_time(info.shape[0], info.shape[1], info.vision_bound)
+        balance: dict[str, Any] = {}
+        if self.rank_balance_on and distributed_world_size() > 1:  # NOTE [ Rank balance ]
+            epoch = info.position[0] if info.position is not None else None
+            balance = self.ranks.add(*gather_step_times(predicted.get("predicted_s"), latency), epoch)
+            balance["epoch"] = epoch
         self.stats.add_step(
             info.bucket,
             latency,
@@ -345,8 +363,9 @@ class BucketMonitor:
                 "measured_bytes": measured,
                 "reserved_bytes": reserved,
                 "risk": info.risk,
-                **self._predicted_time(info.shape[0], info.shape[1], info.vision_bound),
+                **predicted,
                 "compiles": compile_count() - self._compiles,
+                **balance,
             }
             if info.vision_bound is not None:
                 event["vision_bound"] = info.vision_bound
@@ -565,12 +584,18 @@ class BucketMonitor:
         peak, max risk, drift ratio, risky batches and OOMs (see :func:`tokenbucket.monitor.stats.format_summary`)."""
         return self.stats.rows()
 
+    def rank_balance(self) -> dict[str, Any] | None:
+        """The run's and each epoch's rank imbalance (:meth:`~tokenbucket.monitor.ranks.RankBalance.report`);
+        ``None`` where nothing was gathered (one process, or ``rank_balance=False``)."""
+        return self.ranks.report()
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "step": self.step_count,
             "stats": self.stats.state_dict(),
             "drift_levels": {str(k): v for k, v in self.drift_levels.items()},
             "limits": {str(k): v for k, v in self.limits.items()},
+            "ranks": self.ranks.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -583,6 +608,7 @@ class BucketMonitor:
         self.stats.load_state_dict(state.pop("stats"))
         self.drift_levels = {int(k): float(v) for k, v in state.pop("drift_levels").items()}
         self.limits = {int(k): int(v) for k, v in state.pop("limits").items()}
+        self.ranks.load_state_dict(state.pop("ranks", {}))  # absent from a state saved before it
         if state:
             raise StateError(f"unexpected keys in the monitor state: {sorted(state)}")
         self._emit({"event": "resume", "step": self.step_count, "time": time.time()})
@@ -594,7 +620,9 @@ class BucketMonitor:
 
     def close(self) -> None:
         """Writes the ``summary`` event and flushes and closes the sinks."""
-        self._emit({"event": "summary", "time": time.time(), "buckets": self.summary()})
+        event = {"event": "summary", "time": time.time(), "buckets": self.summary()}
+        ranks = self.rank_balance()  # NOTE [ Rank balance ]
+        self._emit(event if ranks is None else {**event, "ranks": ranks})
         for sink in self.sinks:
             if hasattr(sink, "close"):
                 sink.close()

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from tokenbucket._exceptions import ConfigError
 from tokenbucket._progress import progress as progress_bar
 from tokenbucket.monitor._grid import bucket_grid, grid_html
+from tokenbucket.monitor.ranks import format_rank_balance, rank_balance_of_events
 from tokenbucket.monitor.sinks import CUT_EVENT
 from tokenbucket.monitor.stats import bucket_bounds_2d, event_problem, summarize_events
 
@@ -526,6 +527,8 @@ def write_report(log: RunLog, out_dir: str | os.PathLike[str], *, progress: bool
     counts = ", ".join(f"{kind} {n:,}" for kind, n in log.counts().items())
     grid = run_grid(log, rows)
     grid_part = "" if grid is None else grid_html(grid)  # a 2D run's buckets by both bounds
+    ranks = format_rank_balance(rank_balance_of_events(log.events))  # NOTE [ Rank balance ]
+    ranks_part = f"<pre>{html.escape(ranks)}</pre>" if ranks else ""
     note = (
         f"<p><b>Line(s) {', '.join(map(str, log.skipped_lines))} of the log were cut short (killed run?) "
         "and were skipped.</b></p>"
@@ -542,7 +545,7 @@ def write_report(log: RunLog, out_dir: str | os.PathLike[str], *, progress: bool
         "body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
         "table{border-collapse:collapse}tr:nth-child(even){background:#f2f2f2}img{max-width:48%}"
         f"</style></head><body><h1>{title}</h1>{note}<table>{table}</table>{grid_part}"
-        f"<p>events: {len(log.of('step')):,} steps, {counts}</p>{images}</body></html>\n"
+        f"<p>events: {len(log.of('step')):,} steps, {counts}</p>{ranks_part}{images}</body></html>\n"
     )
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

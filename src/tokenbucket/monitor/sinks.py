@@ -274,7 +274,8 @@ class ScalarWriter(Protocol):
 
 class TensorBoardSink:
     """Scalars per bucket under ``tokenbucket/bucket{k}/...``: latency_ms, tokens_per_s, risk,
-    predicted_gib, measured_gib (on GPU), and the running oom count.
+    predicted_gib, measured_gib (on GPU), and the running oom count; in a distributed run
+    ``tokenbucket/rank_imbalance_measured`` and ``_predicted`` per step.
 
     Args:
         log_dir: where a ``SummaryWriter`` writes (needs the ``tb`` extra).
@@ -301,6 +302,9 @@ class TensorBoardSink:
             self.writer.add_scalar(f"{tag}/predicted_gib", event["predicted_bytes"] / 2**30, step)
             if event["measured_bytes"] is not None:
                 self.writer.add_scalar(f"{tag}/measured_gib", event["measured_bytes"] / 2**30, step)
+            for name in ("rank_imbalance_measured", "rank_imbalance_predicted"):  # NOTE [ Rank balance ]
+                if event.get(name) is not None:
+                    self.writer.add_scalar(f"tokenbucket/{name}", event[name], step)
         elif kind == "oom":
             k = event["bucket"]
             self._ooms[k] = self._ooms.get(k, 0) + 1
