@@ -21,19 +21,20 @@ from tokenbucket.cli.main import main
 from tokenbucket.monitor.hooks import BucketMonitor
 from tokenbucket.monitor.ranks import RankBalance, format_rank_balance, rank_balance_of_events, step_imbalance
 from tokenbucket.monitor.report import read_events
+from tokenbucket.monitor.sinks import TensorBoardSink
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.train.batch import BatchInfo
 
-COST = CostModel(ModelSpec(hidden=64, layers=2, heads=2, precision="bf16"), "H100-SXM")  # a GPU: predicted_s
+# a GPU, so the monitor predicts seconds; large enough that a step's FLOPs, not its fixed cost, set them
+COST = CostModel(ModelSpec(hidden=2048, layers=16, heads=16, precision="bf16"), "H100-SXM")
 TICK = 2**-6  # s; a power of two, so the fake clocks' sums are exact
 EPOCHS, STEPS = 2, 3
 SLEEP_S = 0.04  # the sleeping rank's extra time a step
 
 
 def make_plan() -> BucketPlan:
-    lengths = np.array([64, 96, 128, 200, 256] * 20)
-    return plan_buckets(lengths, COST, 2**30, max_buckets=2, multiple=64)
+    return plan_buckets(np.array([1024, 1536, 2048] * 20), COST, 60 * 2**30, max_buckets=2, multiple=64)
 
 
 def rows_of(rank: int, step: int) -> int:
@@ -122,7 +123,7 @@ def check_exact(tmp_path: Path, world: int, records: list[dict[str, Any]]) -> No
         predicted = [own[r][i]["predicted_s"] for r in range(world)]
         assert latency == [latency_of(r, epoch, step) for r in range(world)]  # the fake clocks, exactly
         assert predicted == [COST.step_seconds(rows_of(r, step), make_plan().buckets[0].bound) for r in range(world)]
-        assert len(set(predicted)) == world  # unequal on purpose
+        assert event["rank_imbalance_predicted"] > 0.2  # unequal on purpose: bigger batches on later ranks
         assert event["rank_latency_s"] == latency and event["rank_predicted_s"] == predicted
         assert event["epoch"] == epoch
         assert event["rank_imbalance_measured"] == pytest.approx(max(latency) * world / sum(latency) - 1, rel=1e-12)
@@ -261,3 +262,17 @@ def test_rank_balance_of_events_bad_field_names_the_event() -> None:
     short = {"event": "step", "rank_latency_s": [0.1, 0.2], "rank_predicted_s": [0.1]}
     with pytest.raises(ConfigError, match=r"'rank_predicted_s' should be .*one per rank \(2\)"):
         rank_balance_of_events([short])
+
+
+def test_rank_balance_tensorboard_sink_writes_the_step_imbalance() -> None:
+    written: list[tuple[str, float, int]] = []
+
+    class Writer:
+        def add_scalar(self, tag: str, value: float, step: int, /) -> None:
+            written.append((tag, value, step))
+
+    step = {"event": "step", "step": 4, "bucket": 0, "latency_s": 0.1, "tokens_per_s": 1.0, "risk": 0.5}
+    step |= {"predicted_bytes": 2**20, "measured_bytes": None, **RankBalance().add([None, 0.1], [0.1, 0.3], epoch=0)}
+    TensorBoardSink(writer=Writer())(step)
+    assert ("tokenbucket/rank_imbalance_measured", pytest.approx(0.5), 4) in written
+    assert not any(tag.endswith("rank_imbalance_predicted") for tag, _, _ in written)  # no prediction on rank 0
