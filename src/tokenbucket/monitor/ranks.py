@@ -10,7 +10,7 @@ NOTE [ Rank balance ]
 Under data parallelism a step ends when its slowest rank does, so what a step wastes is the
 slowest rank's time over the mean rank's. For a step with rank times t_0 .. t_{W-1}:
 
-    imbalance = max(t) / mean(t) - 1                          (0: balanced; 0.25: 25 % waited)
+    imbalance = max(t) / mean(t) - 1                          (0: balanced; 0.25: the slowest takes 25 % over the mean)
 
 and for an epoch (or the run), weighting each step by its length rather than averaging ratios:
 
@@ -28,8 +28,8 @@ NaN for no prediction) over the default process group: a CPU tensor for gloo and
 the current CUDA device for NCCL. It is one small collective a step (16 bytes a rank), and
 nothing at all outside a distributed run. What it costs is one collective's latency, not its
 bytes: on 2 gloo CPU processes on the shared 2-core VM it adds 0.49 to 0.96 ms a step (two runs
-under other load), where a bare gloo barrier takes 0.35 ms there (benchmarks/bench_rank_balance.py)
-— under 1 % of a 100 ms step; an NCCL all-gather this small is a few tens of us. It is also a
+under other load), where a bare gloo barrier takes 0.35 ms there (benchmarks/bench_rank_balance.py),
+so at most about 1 % of a 100 ms step; NCCL on GPUs was not measured here. It is also a
 collective: every rank must run a monitor and end the same steps (``on_batch_end``), or the
 ranks wait on each other. A monitor on one rank only, or a step skipped on one rank, needs
 ``BucketMonitor(rank_balance=False)``.
