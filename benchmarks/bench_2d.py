@@ -118,11 +118,20 @@ def score_batches(
             "shapes": len(shapes), "over_budget": over}  # fmt: skip
 
 
-def lhotse_2d(
-    lengths: np.ndarray, vision: np.ndarray, cost: StagedLengthModel, budget: int, n_len: int, n_vis: int
-) -> tuple[dict[str, float], dict[str, float]]:
-    """lhotse's DynamicBucketingSampler over NeMo-style 2D bins with a fixed batch per bin: its
-    epoch padded per bin (one shape each) and padded per batch (its own shapes)."""
+def lhotse_batches(
+    lengths: np.ndarray,
+    vision: np.ndarray,
+    cost: StagedLengthModel,
+    budget: int,
+    n_len: int,
+    n_vis: int,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+) -> tuple[list[np.ndarray], list[tuple[int, int]], list[int]]:
+    """One rank's batches of lhotse's DynamicBucketingSampler over NeMo-style 2D bins with a
+    fixed batch per bin (its default ``sync_buckets``: every rank draws from the same bin each
+    step), and the bins and their batch sizes."""
     import warnings
 
     from lhotse import CutSet
@@ -151,11 +160,39 @@ def lhotse_2d(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sampler = DynamicBucketingSampler(
-            CutSet.from_cuts(cuts), constraint=Fixed2D(bins, sizes), duration_bins=bins, shuffle=True, seed=0
-        )
-        batches = [np.array([int(c.id.rsplit("-", 1)[-1]) for c in batch]) for batch in sampler]
+            CutSet.from_cuts(cuts), constraint=Fixed2D(bins, sizes), duration_bins=bins, shuffle=True, seed=0,
+            rank=rank, world_size=world_size,
+        )  # fmt: skip
+        batches = [np.array([int(c.id.rsplit("-", 1)[-1].split("_dup")[0]) for c in batch]) for batch in sampler]
+    return batches, bins, sizes
+
+
+def lhotse_2d(
+    lengths: np.ndarray, vision: np.ndarray, cost: StagedLengthModel, budget: int, n_len: int, n_vis: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """lhotse's DynamicBucketingSampler over NeMo-style 2D bins with a fixed batch per bin: its
+    epoch padded per bin (one shape each) and padded per batch (its own shapes)."""
+    batches, bins, sizes = lhotse_batches(lengths, vision, cost, budget, n_len, n_vis)
     per_bin = score_batches(batches, lengths, vision, cost, budget, bins, sizes)
     return per_bin, score_batches(batches, lengths, vision, cost, budget)
+
+
+def lhotse_2d_ranks(
+    lengths: np.ndarray,
+    vision: np.ndarray,
+    cost: StagedLengthModel,
+    budget: int,
+    n_len: int,
+    n_vis: int,
+    world_size: int,
+) -> list[list[np.ndarray | None]]:
+    """Per step, each rank's batch (``None`` once a rank has run out) from ``world_size`` samplers."""
+    ranks = [
+        lhotse_batches(lengths, vision, cost, budget, n_len, n_vis, rank=r, world_size=world_size)[0]
+        for r in range(world_size)
+    ]
+    steps = max(len(r) for r in ranks)
+    return [[r[k] if k < len(r) else None for r in ranks] for k in range(steps)]
 
 
 def main() -> None:

@@ -8,4 +8,5 @@ calibration.py a run's fit (Calibration) and any cost model wrapped with it (Cal
 ledger.py      one sample's tokens as bytes and FLOPs, with what-ifs
 profile.py     measured mode: peaks on fake tensors (or CUDA), saved profiles, MeasuredCostModel
 reference.py   the reference transformer block the cost model describes
+staged_packed.py a staged model priced per packed row (StagedPackedModel, SampleLoads)
 """

@@ -315,12 +315,15 @@ class StagedCostModel:
 
     def units(self, batch: int, sample: Sample) -> list[Unit]:
         """The step's units in forward order (see :mod:`tokenbucket.cost._stage_units`)."""
-        _positive("batch", batch)
         vi = self.sample_vision(sample)
+        return self._units(batch, vi, vi.llm_tokens + sample.text_tokens)
+
+    def _units(self, batch: int, vision: VisionInputs, seq_len: int) -> list[Unit]:
+        _positive("batch", batch)
         s = self.setup
         return build_units(
-            self.model, batch=batch, tower_images=vi.tower_images, patches=vi.patches_per_image,
-            llm_image_tokens=vi.llm_tokens, seq_len=vi.llm_tokens + sample.text_tokens,
+            self.model, batch=batch, tower_images=vision.tower_images, patches=vision.patches_per_image,
+            llm_image_tokens=vision.llm_tokens, seq_len=seq_len,
             train=s.train, lora_rank=s.lora_rank, backbone_checkpointing=s.backbone_checkpointing == "full",
             vision_checkpointing=s.vision_checkpointing == "full", gathered=s.weight_shards > 1,
         )  # fmt: skip
@@ -331,8 +334,15 @@ class StagedCostModel:
         first one, before the optimizer has made its states."""
         if not isinstance(sample, Sample):
             raise ConfigError(f"sample should be a Sample, but got {type(sample).__name__}")
-        units = self.units(batch, sample)
-        seq_len = self.sample_vision(sample).llm_tokens + sample.text_tokens
+        vi = self.sample_vision(sample)
+        return self.memory_of(batch, vi, vi.llm_tokens + sample.text_tokens, first_step=first_step)
+
+    def memory_of(self, batch: int, vision: VisionInputs, seq_len: int, *, first_step: bool = False) -> StagedEstimate:
+        """:meth:`memory` of ``batch`` sequences of ``seq_len`` LLM tokens, each with ``vision``:
+        ``tower_images`` tower passes of ``patches_per_image`` patches and ``llm_tokens`` image
+        tokens (a packed row, NOTE [ Two-cap packed rows ] in ``tokenbucket.plan.packing_2d``)."""
+        _positive("seq_len", seq_len)
+        units = self._units(batch, vision, seq_len)
         phase, live = _walk(units, self.setup, steady=not first_step, held=self.held_bytes(batch, seq_len))
         stages = {st: {it: int(live.get((st, it), 0)) for it in STAGE_ITEMS} for st in STAGES}
         return StagedEstimate(

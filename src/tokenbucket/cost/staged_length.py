@@ -193,7 +193,11 @@ class StagedLengthModel:
 
     def flops(self, batch: int, length: int, vision: int | None = None) -> FlopsEstimate:
         """Training FLOPs of one step on one rank (NOTE [ Staged FLOPs ])."""
-        sample = self.sample(length, vision)
+        return self.sample_flops(batch, self.sample(length, vision))
+
+    def sample_flops(self, batch: int, sample: Sample) -> FlopsEstimate:
+        """Training FLOPs of one step of ``batch`` samples shaped like ``sample`` (NOTE [ Staged FLOPs ]):
+        ``training_attention`` is the backbone's; the tower's attention is per tower pass."""
         model, setup = self.cost.model, self.cost.setup
         vi = self.cost.sample_vision(sample)
         seq = vi.llm_tokens + sample.text_tokens

@@ -37,7 +37,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -47,7 +47,7 @@ from tokenbucket._search import largest_fitting
 from tokenbucket.plan._search import MemoryTotal
 from tokenbucket.plan.bucket_plan import Bucket, BucketPlan
 
-__all__ = ["SupportsCost2D", "plan_buckets_2d", "sorted_oracle", "step_cost_2d"]
+__all__ = ["SupportsCost2D", "dynamic_batches_2d", "plan_buckets_2d", "sorted_oracle", "step_cost_2d"]
 
 
 class SupportsCost2D(Protocol):
@@ -408,34 +408,97 @@ def _describe_2d(
     return BucketPlan("static", budget, tuple(buckets), oversize, dict(meta or {}))
 
 
+def _cut_sorted(
+    order: np.ndarray, lengths: np.ndarray, vision: np.ndarray, fits: Callable[[int, int, int], bool]
+) -> list[np.ndarray]:
+    """``order`` cut greedily into batches: a batch grows while ``fits(size, longest, most image
+    tokens)`` holds at its members' maxima."""
+    batches: list[np.ndarray] = []
+    begin, top_l, top_v = 0, 0, 0
+    ids = order.tolist()
+    for k, s in enumerate(ids):
+        nl, nv = max(top_l, int(lengths[s])), max(top_v, int(vision[s]))
+        if k > begin and not fits(k - begin + 1, nl, nv):
+            batches.append(order[begin:k])
+            begin, nl, nv = k, int(lengths[s]), int(vision[s])
+        top_l, top_v = nl, nv
+    if len(ids) > begin:
+        batches.append(order[begin:])
+    return batches
+
+
+def dynamic_batches_2d(
+    lengths: np.ndarray,
+    vision: np.ndarray,
+    cost: SupportsCost2D,
+    budget: int,
+    *,
+    pool_batches: int = 64,
+    seed: int = 0,
+    epoch: int = 0,
+) -> list[np.ndarray]:
+    """2D dynamic mode: batches padded to their own longest and most image tokens.
+
+    NOTE [ Two-dimensional dynamic batches ]
+    For a run that does not compile, each batch may take its own shape. Samples are shuffled by
+    ``(seed, epoch)``, taken ``pool_batches`` batches' worth at a time (NOTE [ Sorted pools ]),
+    sorted within the pool by length then image tokens, and cut greedily: a batch grows while the
+    cost model's worst sample of its members' maxima (both dimensions, NOTE [ Two-dimensional
+    buckets ]) fits at its size plus one. It is :func:`sorted_oracle`'s cut made runnable: the
+    oracle sorts the whole epoch once (the same batches every epoch, the longest all together),
+    while here the sort is per pool, so the order changes each epoch and a pool's tail batch may
+    be short. Every sample that fits alone is in exactly one batch; one that does not raises.
+    """
+    n = len(lengths)
+    if n == 0:
+        return []
+
+    def fits(batch: int, length: int, vis: int) -> bool:
+        # a coarser shape that fits first (memory grows with both counts), the exact one only if not
+        up_l = -(-length // 256) * 256
+        if cost.memory(batch, up_l, min(up_l, -(-vis // 256) * 256)).total <= budget:
+            return True
+        return bool(cost.memory(batch, length, vis).total <= budget)
+
+    alone = ~_fits_alone(cost, lengths, vision, budget)
+    if alone.any():
+        i = int(np.flatnonzero(alone)[0])
+        raise OversizeError(
+            f"sample {i} ({int(lengths[i]):,} tokens, {int(vision[i]):,} image tokens) fits not even alone; "
+            f"reject such samples first (plan_buckets_2d(..., on_oversize='reject') finds them)"
+        )
+    typical = max(1, cost.max_batch(int(np.median(lengths)), budget, int(np.median(vision))))
+    pool = max(1, pool_batches * typical)
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    batches: list[np.ndarray] = []
+    for start in range(0, n, pool):
+        chunk = order[start : start + pool]
+        chunk = chunk[np.lexsort((vision[chunk], lengths[chunk]))]
+        batches += _cut_sorted(chunk, lengths, vision, fits)
+    return batches
+
+
 def sorted_oracle(
     lengths: np.ndarray, vision: np.ndarray, cost: SupportsCost2D, budget: int, *, key: str = "vision"
 ) -> dict[str, float]:
     """The per-sample sorted oracle: every sample sorted (by image tokens then length, ``key="vision"``;
     by length then image tokens, ``key="length"``) and cut greedily into batches padded to their
     own longest and most image tokens, each as large as fits. It ignores shuffling and shape count,
-    so a plan of K shapes is measured against it."""
+    so a plan of K shapes is measured against it (what a sampler can run instead:
+    NOTE [ Two-dimensional dynamic batches ])."""
     order = np.lexsort((lengths, vision)) if key == "vision" else np.lexsort((vision, lengths))
 
     def fits(batch: int, length: int, vis: int) -> bool:
         return bool(cost.memory(batch, length, vis).total <= budget)
 
-    batches, seconds, padded = 0, 0.0, 0
-    size, top_l, top_v = 0, 0, 0
-    for s in order.tolist():
-        nl, nv = max(top_l, int(lengths[s])), max(top_v, int(vision[s]))
-        if size and not fits(size + 1, nl, nv):
-            batches, seconds, padded = (
-                batches + 1,
-                seconds + step_cost_2d(cost, size, top_l, top_v),
-                padded + size * top_l,
-            )
-            size, nl, nv = 0, int(lengths[s]), int(vision[s])
-        size, top_l, top_v = size + 1, nl, nv
-    if size:
-        batches, seconds, padded = batches + 1, seconds + step_cost_2d(cost, size, top_l, top_v), padded + size * top_l
+    batches = _cut_sorted(order, lengths, vision, fits)
+    seconds = padded = 0.0
+    for b in batches:
+        top_l, top_v = int(lengths[b].max()), int(vision[b].max())
+        seconds += step_cost_2d(cost, len(b), top_l, top_v)
+        padded += len(b) * top_l
     return {
-        "batches": batches,
+        "batches": len(batches),
         "predicted_epoch_seconds": seconds,
         "padding_efficiency": float(lengths.sum()) / padded if padded else 1.0,
     }
