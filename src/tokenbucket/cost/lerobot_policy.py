@@ -577,14 +577,11 @@ class LeRobotPolicy:
         frame: tuple[int, int] | None = None,
     ) -> int:
         """The largest batch whose :meth:`memory` peak fits ``budget_bytes`` (0: not even one sample)."""
-        shape = {"cameras": cameras, "text_tokens": text_tokens, "present": present, "frame": frame}
-        if self.memory(1, **shape)["peak_bytes"] > budget_bytes:  # type: ignore[arg-type]
+        one = self.memory(1, cameras=cameras, text_tokens=text_tokens, present=present, frame=frame)
+        if one["peak_bytes"] > budget_bytes:
             return 0
-        static = self.static_bytes()
-        per_sample = self.activation_bytes(cameras=cameras, text_tokens=text_tokens)
-        per_sample += self._input_excess(cameras, present, frame)
         # the optimizer step does not grow with the batch; the end of forward does, linearly
-        return max(1, (budget_bytes - static["weights"] - static["optimizer"]) // per_sample)
+        return max(1, (budget_bytes - one["weights"] - one["optimizer"]) // one["activations"])
 
     def dtype_split(self, *, trainable: bool = False) -> dict[str, int]:
         """Parameters per dtype (only the trainable ones with ``trainable``)."""
