@@ -48,6 +48,7 @@ from tokenbucket._exceptions import ConfigError, OversizeError
 from tokenbucket._search import grow_then_bisect, largest_fitting
 from tokenbucket.cost.staged_packed import SampleLoads
 from tokenbucket.plan._search import MemoryTotal
+from tokenbucket.plan.bucket_plan import Bucket, BucketPlan
 
 __all__ = [
     "PackedPlan2D",
@@ -197,6 +198,23 @@ class PackedPlan2D:
     steps: list[list[int]]
     rejected: dict[int, str] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def bucket_plan(self, loads: SampleLoads) -> BucketPlan:
+        """The plan as the one-bucket ``packed`` :class:`~tokenbucket.plan.bucket_plan.BucketPlan` a
+        ``TokenBucketDataset`` holds (bound ``row_tokens``, batch size ``rows_per_batch``; the
+        patch cap in ``meta["row_patches"]``, which sends it to the two-cap sampler,
+        ``PackedBatchSampler2D``; ``loads``: the plan's)."""
+        members = np.concatenate([r for b in self.batches for r in b]) if self.batches else np.zeros(0, np.int64)
+        tokens = int(loads.llm_tokens[members].sum())
+        padded = len(self.batches) * self.rows_per_batch * self.row_tokens
+        bucket = Bucket(
+            bound=self.row_tokens, batch_size=self.rows_per_batch, samples=len(members), batches=len(self.batches),
+            tokens=tokens, padded_tokens=padded, predicted_peak_bytes=self.predicted_peak_bytes,
+            fill=self.predicted_peak_bytes / self.budget_bytes, padding_efficiency=tokens / padded if padded else 1.0,
+            step_seconds=float(self.seconds.mean()) if len(self.seconds) else 0.0,
+        )  # fmt: skip
+        meta = {**self.meta, "row_patches": self.row_patches, "row_image_tokens": self.row_image_tokens}
+        return BucketPlan("packed", self.budget_bytes, (bucket,), {"count": len(self.rejected)}, meta)
 
     def summary(self, loads: SampleLoads) -> dict[str, float]:
         """Batches, steps, the predicted epoch on ``world_size`` ranks (slowest rank per step),

@@ -175,10 +175,12 @@ class TokenBucketDataset(Dataset[Any]):
 
     def __getitems__(self, indices: Sequence[int]) -> Fetched:
         """A batch's items, fetched at once (what a ``DataLoader`` asks for in its workers), with
-        the sampler's position after it (NOTE [ Position through the workers ])."""
+        the sampler's position after it (NOTE [ Position through the workers ]) and its rows
+        when the sampler chose them (NOTE [ Rows through the workers ])."""
         out = Fetched(self[i] for i in indices)
         if isinstance(indices, StepIndices):
             out.position = (indices.epoch, indices.step)
+            out.rows = indices.rows  # NOTE [ Rows through the workers ]
         return out
 
     def __getitem__(self, index: int) -> tuple[int, Any]:

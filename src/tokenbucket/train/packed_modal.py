@@ -64,6 +64,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.cost.staged_packed import StagedPackedModel
 from tokenbucket.models import family
 from tokenbucket.models.qwen2_vl import rope_positions
 from tokenbucket.plan._search import PredictsMemory
@@ -73,7 +74,7 @@ from tokenbucket.train.batch import Batch, EmptyRow
 from tokenbucket.train.modal import ModalityCollate, ModalityKeys
 from tokenbucket.train.packing import block_diagonal_mask, cu_seqlens_of, mask_size_warning, next_fit_rows
 from tokenbucket.train.risk import check_planned_model
-from tokenbucket.train.sampler import position_of
+from tokenbucket.train.sampler import position_of, rows_of
 from tokenbucket.train.shaping import ShapedData
 
 __all__ = ["ROPE_MODEL_TYPES", "PackedModalityCollate"]
@@ -115,22 +116,30 @@ class PackedModalityCollate:
     - ``info``: a :class:`~tokenbucket.train.batch.BatchInfo` of shape ``(R, P)``, its peak
       predicted with ``cost_model`` when given.
 
+    The rows are the sampler's when it chose them (:class:`~tokenbucket.train.packing_2d.PackedBatchSampler2D`,
+    NOTE [ Rows through the workers ]), else the batch's samples refilled next-fit under both
+    caps. Either way each row is checked against ``pack_length`` and ``row_patches``.
+
     Args:
         data: the bucketed dataset (a :class:`~tokenbucket.train.collate.TokenBucketDataset`).
-        pack_length: LLM tokens per row.
+        pack_length: LLM tokens per row (a two-cap plan's ``row_tokens``).
         rows_per_batch: rows per batch; ``None``: as many as the batch needs.
+        row_patches: tower patches per row, images and clips together (a two-cap plan's
+            ``row_patches``, NOTE [ Two-cap packed rows ]); ``None``: not capped.
         rope_config: the model's transformers config (``model_type`` in :data:`ROPE_MODEL_TYPES`):
             ``position_ids`` are its 3-D rope, and the placeholder ids default to its own.
         mask_dtype: ``torch.bool`` (SDPA), a float dtype (an additive mask, for eager
             attention) or ``None`` (no dense mask: flash-attn varlen, NOTE [ Packed rows into flash-attn ]).
         keys, ragged, pad_id, label_pad_id, make_labels, image_token_id, video_token_id: as
             :class:`~tokenbucket.train.modal.ModalityCollate`.
-        cost_model: predicts each batch's peak at ``(R, P)``.
+        cost_model: predicts each batch's peak at ``(R, P)``; a ``StagedPackedModel`` at
+            ``(R, P)`` and the batch's own patches and image tokens (NOTE [ A packed row's price ]).
 
     Raises:
-        ConfigError: (on a call) a sample longer than ``pack_length``, ids without the image
-            placeholders, or an item that disagrees with its metadata, each in one line naming
-            the sample; more rows than ``rows_per_batch``.
+        ConfigError: (on a call) a sample longer than ``pack_length`` or with more patches
+            than ``row_patches``, ids without the image placeholders, or an item that disagrees
+            with its metadata, each in one line naming the sample; a row over either cap or
+            more rows than ``rows_per_batch``.
 
     Warns:
         UserWarning: once per collate object, when the dense mask would pass 256 MiB
@@ -143,6 +152,7 @@ class PackedModalityCollate:
         pack_length: int,
         rows_per_batch: int | None = None,
         *,
+        row_patches: int | None = None,
         rope_config: object | None = None,
         mask_dtype: torch.dtype | None = torch.bool,
         keys: ModalityKeys | None = None,
@@ -152,10 +162,16 @@ class PackedModalityCollate:
         make_labels: bool = True,
         image_token_id: int | None = None,
         video_token_id: int | None = None,
-        cost_model: PredictsMemory | None = None,
+        cost_model: PredictsMemory | StagedPackedModel | None = None,
     ) -> None:
         if isinstance(pack_length, bool) or not isinstance(pack_length, int) or pack_length < 1:
             raise ConfigError(f"pack_length should be a positive integer, but got pack_length={pack_length!r}")
+        if row_patches is not None and (
+            isinstance(row_patches, bool) or not isinstance(row_patches, int) or row_patches < 0
+        ):
+            raise ConfigError(
+                f"row_patches should be None or an integer of at least 0, but got row_patches={row_patches!r}"
+            )
         if rows_per_batch is not None and (not isinstance(rows_per_batch, int) or rows_per_batch < 1):
             raise ConfigError(
                 f"rows_per_batch should be None or a positive integer, but got rows_per_batch={rows_per_batch!r}"
@@ -181,6 +197,7 @@ class PackedModalityCollate:
             if video_token_id is None and own["video"] is not None:
                 video_token_id = int(own["video"])
         self.data, self.pack_length, self.rows_per_batch = data, pack_length, rows_per_batch
+        self.row_patches = row_patches
         self.rope_config, self.mask_dtype, self.cost_model = rope_config, mask_dtype, cost_model
         self.label_pad_id = int(label_pad_id)
         self.modal = ModalityCollate(
@@ -207,7 +224,16 @@ class PackedModalityCollate:
                 f"a packed row is made of the samples' token ids"
             )
         lengths = [self._length(i, item) for i, item in batch if not isinstance(item, EmptyRow)]
-        fit = next_fit_rows(list(zip(real, lengths, strict=True)), P, self.rows_per_batch, self.data.key)
+        patches = _patches_of(inner, len(real))
+        chosen = rows_of(batch)  # NOTE [ Rows through the workers ]
+        if chosen is None:
+            capped = patches if self.row_patches is not None else None
+            sizes = list(zip(real, lengths, strict=True))
+            fit = next_fit_rows(
+                sizes, P, self.rows_per_batch, self.data.key, patches=capped, row_patches=self.row_patches
+            )
+        else:
+            fit = self._chosen(batch, chosen, real, lengths, patches)
         R = self.rows_per_batch if self.rows_per_batch is not None else max(1, len(fit))
         out = Batch()
         row_of, segment_of = self._text(out, inner, fit, lengths, R)
@@ -219,12 +245,74 @@ class PackedModalityCollate:
             if key not in out and key not in packed:
                 out[key] = _per_sample(value, inner_rows, n_real)
         out["index"] = [[real[s] for s in row] for row in fit] + [[] for _ in range(R - len(fit))]
-        peak = int(self.cost_model.memory(R, P).total) if self.cost_model is not None else 0
+        peak = self._peak(out, R, sum(patches))
         info = self.data.batch_info(real, bucket=0, shape=(R, P), predicted_peak_bytes=peak)
         if position_of(batch) is not None:  # NOTE [ Position through the workers ]
             info = dataclasses.replace(info, position=position_of(batch))
         out["info"] = info
         return out
+
+    def _chosen(
+        self,
+        batch: Sequence[tuple[int, object]],
+        chosen: tuple[int, ...],
+        real: list[int],
+        lengths: list[int],
+        patches: list[int],
+    ) -> list[list[int]]:
+        """The sampler's rows as positions into ``real`` (empty rows dropped), each checked
+        against both caps (NOTE [ Rows through the workers ])."""
+        if sum(chosen) != len(batch) or min(chosen, default=1) < 1:
+            raise ConfigError(
+                f"the batch's rows {list(chosen)} should hold its {len(batch)} items, one or more a row: the sampler's "
+                f"rows and the batch disagree"
+            )
+        fit: list[list[int]] = []
+        position = s = 0
+        for size in chosen:
+            row = []
+            for _, item in batch[position : position + size]:
+                if not isinstance(item, EmptyRow):
+                    row.append(s)
+                    s += 1
+            position += size
+            if row:
+                fit.append(row)
+        for r, row in enumerate(fit):
+            tokens, mine = sum(lengths[s] for s in row), sum(patches[s] for s in row)
+            if tokens > self.pack_length or (self.row_patches is not None and mine > self.row_patches):
+                over = (
+                    f"{tokens:,} tokens, more than pack_length={self.pack_length:,}"
+                    if tokens > self.pack_length
+                    else f"{mine:,} patches, more than row_patches={self.row_patches:,}"
+                )
+                raise ConfigError(
+                    f"row {r} of the batch (samples {[real[s] for s in row]}) holds {over}: the sampler's caps and the "
+                    f"collate's disagree (pass the plan's row_tokens and row_patches)"
+                )
+        if self.rows_per_batch is not None and len(fit) > self.rows_per_batch:
+            raise ConfigError(
+                f"the batch has {len(fit)} rows but the collate holds rows_per_batch={self.rows_per_batch}: the "
+                f"sampler's plan and the collate's rows_per_batch disagree"
+            )
+        return fit
+
+    def _peak(self, out: Batch, rows: int, patches: int) -> int:
+        """The batch's predicted peak: at ``(rows, pack_length)``, and for a ``StagedPackedModel``
+        at the batch's own patches and image tokens too (NOTE [ A packed row's price ])."""
+        if self.cost_model is None:
+            return 0
+        if isinstance(self.cost_model, StagedPackedModel):
+            ids = out[self.keys.input_ids]
+            image = int(
+                sum(
+                    int(ids.eq(t).sum())
+                    for t in (self.modal.image_token_id, self.modal.video_token_id)
+                    if t is not None
+                )
+            )
+            return int(self.cost_model.memory(rows, self.pack_length, patches, image).total)
+        return int(self.cost_model.memory(rows, self.pack_length).total)
 
     def _length(self, index: int, item: object) -> int:
         """The sample's token count: its ids, which must hold its whole sequence."""
@@ -345,6 +433,18 @@ class PackedModalityCollate:
         else:
             additive = torch.zeros(allowed.shape, dtype=self.mask_dtype)
             out["attention_mask"] = additive.masked_fill_(~allowed, torch.finfo(self.mask_dtype).min)
+
+
+def _patches_of(inner: Batch, samples: int) -> list[int]:
+    """Each sample's tower patches, images and clips together (``t x h x w`` of each grid)."""
+    out = [0] * samples
+    for names in (IMAGES, VIDEOS):
+        grid = inner.get(names.grid)
+        if grid is None or names.rows not in inner:
+            continue
+        for s, n in zip(inner[names.rows].tolist(), grid.prod(-1).tolist(), strict=True):
+            out[s] += int(n)
+    return out
 
 
 def _per_sample(value: object, rows: int, n_real: int) -> object:

@@ -36,6 +36,7 @@ from torch.utils.data import Sampler
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.plan._search import PredictsMemory
+from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.plan.manifest import Manifest
 from tokenbucket.plan.packing import pack_rows
 from tokenbucket.train.batch import BatchInfo, BucketedData, EmptyRow, pad_rows, token_layout
@@ -124,29 +125,45 @@ def next_fit_rows(
     pack_length: int,
     rows: int | None,
     key_of: Callable[[int], str] | None = None,
+    *,
+    patches: Sequence[int] | None = None,
+    row_patches: int | None = None,
 ) -> list[list[int]]:
     """``(index, tokens)`` of a batch's samples, in order, into rows of ``pack_length`` tokens
-    next-fit (NOTE [ Packed rows ]): per row, the positions in ``sizes`` of its samples.
+    (and, given ``patches`` per sample and ``row_patches``, at most that many patches) next-fit
+    (NOTE [ Packed rows ]): per row, the positions in ``sizes`` of its samples.
 
     Raises:
-        ConfigError: a sample longer than ``pack_length`` (named by its index, and by
-            ``key_of(index)`` when given), or more rows than ``rows`` (when given).
+        ConfigError: a sample longer than ``pack_length`` or with more patches than
+            ``row_patches`` (named by its index, and by ``key_of(index)`` when given), or more
+            rows than ``rows`` (when given).
 
     Example:
         >>> next_fit_rows([(7, 3), (8, 4), (9, 2)], 6, None)
         [[0], [1, 2]]
+        >>> next_fit_rows([(7, 3), (8, 1), (9, 2)], 6, None, patches=[4, 4, 0], row_patches=6)
+        [[0], [1, 2]]
     """
+    cap = None if patches is None or row_patches is None else int(row_patches)
     out: list[list[int]] = []
-    used = 0
+    used = used_patches = 0
     for n, (i, size) in enumerate(sizes):
-        if size > pack_length:
+        mine = int(patches[n]) if cap is not None and patches is not None else 0
+        if size > pack_length or (cap is not None and mine > cap):
             named = f"sample {i}" if key_of is None else f"sample {i} (key {key_of(i)!r})"
-            raise ConfigError(f"{named} has {size:,} tokens, more than pack_length={pack_length:,}")
-        if not out or used + size > pack_length:  # (a first sample of 0 tokens still needs a row)
+            over = (
+                f"{size:,} tokens, more than pack_length"
+                if size > pack_length
+                else f"{mine:,} patches, more than row_patches"
+            )
+            raise ConfigError(f"{named} has {over}={pack_length if size > pack_length else cap:,}")
+        # (a first sample of 0 tokens still needs a row)
+        if not out or used + size > pack_length or (cap is not None and used_patches + mine > cap):
             out.append([])
-            used = 0
+            used = used_patches = 0
         out[-1].append(n)
         used += size
+        used_patches += mine
     if rows is not None and len(out) > rows:
         raise ConfigError(
             f"the batch needs {len(out)} rows of {pack_length:,} tokens but holds {rows}: the sampler's packing "
@@ -293,6 +310,15 @@ class PackedCollate:
 # -- the sampler ---------------------------------------------------------------------------------
 
 
+def _refuse_two_cap(plan: BucketPlan) -> None:
+    """A two-cap packed plan's rows need its patch cap too (NOTE [ Two-cap packing each epoch ])."""
+    if "row_patches" in plan.meta:
+        raise ConfigError(
+            f"this packed plan also caps patches a row (row_patches={plan.meta['row_patches']}), which "
+            f"PackedBatchSampler does not: use tokenbucket.train.packing_2d.PackedBatchSampler2D"
+        )
+
+
 class PackedOptions(TypedDict, total=False):
     """The :class:`PackedBatchSampler` arguments its ``from_*`` constructors pass on."""
 
@@ -347,6 +373,7 @@ class PackedBatchSampler(EpochPosition, RankAware, Sampler[list[int]]):
     @classmethod
     def from_dataset(cls, data: BucketedData, **kwargs: Unpack[PackedOptions]) -> PackedBatchSampler:
         """For a :class:`~tokenbucket.train.collate.TokenBucketDataset` with a packed plan."""
+        _refuse_two_cap(data.plan)
         b = data.plan.buckets[0]
         kwargs.setdefault("seed", data.plan.meta.get("pack_seed", 0))
         kwargs.setdefault("pool", data.plan.meta.get("pack_pool", 4096))
@@ -360,6 +387,7 @@ class PackedBatchSampler(EpochPosition, RankAware, Sampler[list[int]]):
             raise ConfigError(
                 f"this manifest's plan is {plan.mode!r}, not 'packed': use BucketBatchSampler.from_manifest"
             )
+        _refuse_two_cap(plan)
         b = plan.buckets[0]
         kwargs.setdefault("seed", plan.meta.get("pack_seed", 0))
         kwargs.setdefault("pool", plan.meta.get("pack_pool", 4096))

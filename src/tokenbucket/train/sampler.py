@@ -59,6 +59,7 @@ __all__ = [
     "epoch_steps",
     "members_by_bucket",
     "resplit_error",
+    "rows_of",
     "state_count",
 ]
 
@@ -235,28 +236,46 @@ class StepIndices(list[int]):
     this very list, in the worker) hands it to the collate, the collate puts it into
     ``BatchInfo.position``, and ``sampler.state_dict(after=batch["info"])`` is exact at any step.
     ``StatefulDataLoader`` users need none of this: it accounts for prefetch itself.
+
+    NOTE [ Rows through the workers ]
+    A two-cap packed batch (NOTE [ Two-cap packed rows ]) is rows the sampler chose under two
+    caps, and a collate that refilled them next-fit by tokens alone could merge two rows and
+    break the patch cap. So such a batch also carries ``rows``: how many of its indices each row
+    holds, in order (rows concatenated). It travels as the position does: the dataset's
+    ``__getitems__`` copies it into ``Fetched.rows`` and :func:`rows_of` reads it in the collate.
+    ``None`` (every other sampler) leaves the collate to lay the rows out itself.
     """
 
     epoch: int = 0
     step: int = 0
+    rows: tuple[int, ...] | None = None
 
     @classmethod
-    def of(cls, indices: list[int], epoch: int, step: int) -> StepIndices:
+    def of(cls, indices: list[int], epoch: int, step: int, rows: tuple[int, ...] | None = None) -> StepIndices:
         out = cls(indices)
-        out.epoch, out.step = epoch, step
+        out.epoch, out.step, out.rows = epoch, step, rows
         return out
 
 
 class Fetched(list[tuple[int, object]]):
-    """A batch's ``(index, item)`` pairs and the sampler ``position`` after it (``None``: unknown)."""
+    """A batch's ``(index, item)`` pairs, the sampler ``position`` after it (``None``: unknown)
+    and its ``rows`` (NOTE [ Rows through the workers ]; ``None``: not chosen by the sampler)."""
 
     position: tuple[int, int] | None = None
+    rows: tuple[int, ...] | None = None
 
 
 def position_of(batch: object) -> tuple[int, int] | None:
     """The sampler position a collate's input carries (NOTE [ Position through the workers ])."""
     position = getattr(batch, "position", None)
     return position if isinstance(position, tuple) else None
+
+
+def rows_of(batch: object) -> tuple[int, ...] | None:
+    """How many of a collate's input items each row holds, when the sampler chose the rows
+    (NOTE [ Rows through the workers ]), else ``None``."""
+    rows = getattr(batch, "rows", None)
+    return rows if isinstance(rows, tuple) else None
 
 
 class RankAware:
@@ -405,7 +424,9 @@ class EpochPosition:
         try:
             for s in range(start, length):
                 self.step = s + 1
-                yield StepIndices.of(batch(s), self.epoch, s + 1)
+                indices = batch(s)
+                rows = indices.rows if isinstance(indices, StepIndices) else None  # NOTE [ Rows through the workers ]
+                yield StepIndices.of(indices, self.epoch, s + 1, rows)
         finally:
             self._open = False
 
