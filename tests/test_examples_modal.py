@@ -76,3 +76,29 @@ def test_examples_train_video_qwen2vl_runs_and_learns() -> None:
     assert seen is not None, out
     total, distinct, n = (int(g) for g in seen.groups())
     assert distinct == n > 0 and total == 2 * n  # two epochs, every sample once in each
+
+
+def test_examples_train_packed_qwen2vl_holds_both_caps_and_learns() -> None:
+    # transformers' Qwen2-VL on two-cap packed rows through PackedBatchSampler2D, a DataLoader and
+    # PackedModalityCollate (NOTE [ Two-cap packing each epoch ]): not slow, a few seconds
+    out = run_example("train_packed_qwen2vl.py")
+    check_learnt_every_sample(out, epochs=2)
+    plan = re.search(
+        r"^\d+ samples in (\d+) batches of (\d+) rows: row_tokens=(\d+), row_patches=(\d+), "
+        r"predicted peak at the caps (\d+\.\d+) MiB of (\d+) MiB$",
+        out,
+        re.M,
+    )
+    assert plan is not None, out
+    batches, rows_per_batch, row_tokens, row_patches = (int(g) for g in plan.groups()[:4])
+    at_caps, budget = float(plan[5]), float(plan[6])
+    step = r"^step (\d+): (\d+) rows, tokens \[([\d, ]+)\], patches \[([\d, ]+)\], predicted peak (\d+\.\d+) MiB, loss (\d+\.\d+)$"
+    steps = re.findall(step, out, re.M)
+    assert [int(s[0]) for s in steps] == list(range(1, 2 * batches + 1))  # one rank: every batch a step, each epoch
+    for _, rows, tokens, patches, peak, _ in steps:
+        tokens_by_row = [int(t) for t in tokens.split(", ")]
+        patches_by_row = [int(p) for p in patches.split(", ")]
+        assert int(rows) <= rows_per_batch == len(tokens_by_row)
+        assert max(tokens_by_row) <= row_tokens and max(patches_by_row) <= row_patches  # both caps, every row
+        assert float(peak) <= at_caps <= budget  # priced at its own patches: never above the caps' price
+    assert any(float(s[4]) < at_caps for s in steps)  # and below it where the rows hold fewer patches
