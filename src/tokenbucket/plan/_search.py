@@ -38,8 +38,8 @@ def max_batch_table(cost: PredictsMemory, lengths: np.ndarray, budget: int) -> n
 class OversizeSampleError(OversizeError):
     """A sample (position ``position`` of the lengths given) that fits not even alone."""
 
-    def __init__(self, position: int, length: int) -> None:
-        super().__init__(f"a sample of {length:,} tokens fits not even alone")
+    def __init__(self, position: int, length: int, message: str | None = None) -> None:
+        super().__init__(message or f"a sample of {length:,} tokens fits not even alone")
         self.position, self.length = position, length
 
 

@@ -19,8 +19,9 @@ Bounds minimise the predicted epoch time (NOTE [ The objective ]) by exact dynam
 over a candidate grid: for each band, the best split into m levels (a DP over image-token
 candidates, vectorised over the band's start), then bands over lengths with at most K shapes in
 all. One level per band is the best 1D plan on the same grid; the 2D plan is never slower.
-Static mode only: a 2D bucket is two shapes the run pads to (``(B, L_b)`` tokens and
-``B x V_b x merge²`` patches).
+In static mode a 2D bucket is two shapes the run pads to (``(B, L_b)`` tokens and
+``B x V_b x merge²`` patches); in dynamic mode the same buckets are cut each epoch into batches
+padded to their own maxima (NOTE [ Two-dimensional dynamic batches ]).
 
 Example:
     >>> import numpy as np
@@ -44,7 +45,7 @@ import numpy as np
 
 from tokenbucket._exceptions import ConfigError, OversizeError
 from tokenbucket._search import largest_fitting
-from tokenbucket.plan._search import MemoryTotal
+from tokenbucket.plan._search import MemoryTotal, OversizeSampleError
 from tokenbucket.plan.bucket_plan import Bucket, BucketPlan
 
 __all__ = ["SupportsCost2D", "dynamic_batches_2d", "plan_buckets_2d", "sorted_oracle", "step_cost_2d"]
@@ -194,8 +195,11 @@ def plan_buckets_2d(
     vision_multiple: int | None = None,
     max_candidates: tuple[int, int] = (96, 24),
     meta: dict[str, Any] | None = None,
+    mode: Literal["static", "dynamic"] = "static",
+    pool_batches: int = 64,
+    seed: int = 0,
 ) -> BucketPlan:
-    """Plan at most ``max_buckets`` static 2D buckets minimising predicted epoch time
+    """Plan at most ``max_buckets`` 2D buckets minimising predicted epoch time
     (NOTE [ Two-dimensional buckets ]).
 
     Args:
@@ -212,11 +216,23 @@ def plan_buckets_2d(
             per image, ``image_tokens``, where it has one: the cost model prices whole images).
         max_candidates: candidate (length, image-token) bounds of the grid.
         meta: recorded in the plan.
+        mode: ``static`` (every batch of a bucket at its two bounds) or ``dynamic`` (the same
+            buckets; each batch padded to its own longest and most image tokens, as large as
+            fits: NOTE [ Two-dimensional dynamic batches ]). A dynamic plan's bucket predictions
+            are its epoch 0, which the sampler's ``DynamicFill2D`` with the same ``seed`` and
+            ``pool_batches`` cuts exactly (the DP still prices the buckets' static shapes, as in 1D).
+        pool_batches: dynamic mode: batches per shuffled, sorted pool.
+        seed: dynamic mode: the pools' shuffle (epoch 0 of the sampler's at this seed).
 
     Raises:
         OversizeError: with ``on_oversize="error"``, when some sample does not fit alone.
         ConfigError: bad inputs, or no plan of ``max_buckets`` fits every sample.
     """
+    if mode not in ("static", "dynamic"):
+        why = " (two-cap packing is plan_packing_2d)" if mode == "packed" else ""
+        raise ConfigError(f"mode should be 'static' or 'dynamic', but got mode={mode!r}{why}")
+    if isinstance(pool_batches, bool) or not isinstance(pool_batches, int) or pool_batches < 1:
+        raise ConfigError(f"pool_batches should be a positive integer, but got pool_batches={pool_batches!r}")
     if isinstance(max_buckets, bool) or not isinstance(max_buckets, int) or max_buckets < 1:
         raise ConfigError(f"max_buckets should be a positive integer, but got max_buckets={max_buckets!r}")
     levels = max_buckets if max_levels is None else max_levels
@@ -263,7 +279,7 @@ def plan_buckets_2d(
         }
         ln, vi = ln[fits], vi[fits]
         if not ln.size:
-            return BucketPlan("static", budget_bytes, (), oversize, dict(meta or {}))
+            return BucketPlan(mode, budget_bytes, (), oversize, dict(meta or {}))
 
     cl = _compress(ln, max_candidates[0], multiple)
     cl[-1] = int(ln.max())  # the top bound is the longest sample (rounding up may not fit it alone)
@@ -289,7 +305,8 @@ def plan_buckets_2d(
         step[a, c] = step_cost_2d(cost_model, int(bsz[a, c]), int(cl[a]), min(int(cv[c]), int(cl[a])))
 
     bounds, vbounds, sizes = _solve(cl, cv, bsz, step, a_of, c_of, max_buckets, levels)
-    return _describe_2d(bounds, vbounds, sizes, ln, vi, cost_model, budget_bytes, oversize, meta)
+    dynamic = (pool_batches, int(seed)) if mode == "dynamic" else None
+    return _describe_2d(bounds, vbounds, sizes, ln, vi, cost_model, budget_bytes, oversize, meta, dynamic)
 
 
 def _solve(
@@ -369,7 +386,11 @@ def _describe_2d(
     budget: int,
     oversize: dict[str, int],
     meta: dict[str, Any] | None,
+    dynamic: tuple[int, int] | None = None,
 ) -> BucketPlan:
+    """The plan's buckets with their counts and predictions; ``dynamic``: ``(pool_batches, seed)``
+    of a dynamic plan, whose buckets are described by their epoch-0 cut (NOTE [ Two-dimensional
+    dynamic batches ]), else static."""
     shell = BucketPlan(
         "static",
         budget,
@@ -387,9 +408,16 @@ def _describe_2d(
         count = int(mine.sum())
         if not count:
             continue
-        batches = -(-count // b)
         tokens = int(lengths[mine].sum())
         peak = int(cost.memory(b, u, v).total)
+        if dynamic is None:
+            batches, padded, step = -(-count // b), -(-count // b) * b * u, step_cost_2d(cost, b, u, v)
+        else:  # the sampler's cut of this bucket at epoch 0 (its members in index order, as here)
+            ln, vi = lengths[mine], vision[mine]
+            cut = dynamic_batches_2d(ln, vi, cost, budget, pool_batches=dynamic[0], seed=dynamic[1], epoch=0)
+            tops = [(len(c), int(ln[c].max()), int(vi[c].max())) for c in cut]
+            batches, padded = len(cut), sum(n * top_l for n, top_l, _ in tops)
+            step = sum(step_cost_2d(cost, *t) for t in tops) / batches
         buckets.append(
             Bucket(
                 bound=u,
@@ -397,15 +425,16 @@ def _describe_2d(
                 samples=count,
                 batches=batches,
                 tokens=tokens,
-                padded_tokens=batches * b * u,
+                padded_tokens=padded,
                 predicted_peak_bytes=peak,
                 fill=peak / budget,
-                padding_efficiency=tokens / (batches * b * u),
-                step_seconds=step_cost_2d(cost, b, u, v),
+                padding_efficiency=tokens / padded,
+                step_seconds=step,
                 vision_bound=v,
             )
         )
-    return BucketPlan("static", budget, tuple(buckets), oversize, dict(meta or {}))
+    mode = "static" if dynamic is None else "dynamic"
+    return BucketPlan(mode, budget, tuple(buckets), oversize, dict(meta or {}))
 
 
 def _cut_sorted(
@@ -448,6 +477,10 @@ def dynamic_batches_2d(
     oracle sorts the whole epoch once (the same batches every epoch, the longest all together),
     while here the sort is per pool, so the order changes each epoch and a pool's tail batch may
     be short. Every sample that fits alone is in exactly one batch; one that does not raises.
+    A dynamic plan (``plan_buckets_2d(mode="dynamic")``) runs it per bucket, as the 1D dynamic
+    mode runs NOTE [ Sorted pools ] per bucket: the sampler's ``DynamicFill2D`` cuts each bucket's
+    members (index order) with ``(seed, epoch)``, and the plan's predictions are that cut at
+    epoch 0; ``max_buckets=1`` pools every sample together.
     """
     n = len(lengths)
     if n == 0:
@@ -463,9 +496,11 @@ def dynamic_batches_2d(
     alone = ~_fits_alone(cost, lengths, vision, budget)
     if alone.any():
         i = int(np.flatnonzero(alone)[0])
-        raise OversizeError(
+        raise OversizeSampleError(
+            i,
+            int(lengths[i]),
             f"sample {i} ({int(lengths[i]):,} tokens, {int(vision[i]):,} image tokens) fits not even alone; "
-            f"reject such samples first (plan_buckets_2d(..., on_oversize='reject') finds them)"
+            f"reject such samples first (plan_buckets_2d(..., on_oversize='reject') finds them)",
         )
     typical = max(1, cost.max_batch(int(np.median(lengths)), budget, int(np.median(vision))))
     pool = max(1, pool_batches * typical)

@@ -119,7 +119,9 @@ class BatchInfo:
     row_tokens: tuple[tuple[int, ...], ...] = ()
     cameras: dict[str, int] | None = None
     position: tuple[int, int] | None = None  # (epoch, step) of the sampler after this batch
-    vision_bound: int | None = None  # a 2D static bucket's image-token bound (NOTE [ Two-dimensional buckets ])
+    # a 2D static bucket's image-token bound (NOTE [ Two-dimensional buckets ]); a 2D dynamic
+    # batch's own most image tokens a row (NOTE [ Two-dimensional dynamic batches ])
+    vision_bound: int | None = None
 
     def __setattr__(self, name: str, value: object) -> None:
         # NOTE [ BatchInfo through the trainers ]: setting a field to an equal value is a no-op

@@ -120,11 +120,16 @@ def check_planned_model(data: BucketedData, cost_model: object) -> None:
 
 
 def bucket_peak(
-    plan: BucketPlan, cost_model: PredictsMemory | PredictsMemory2D, bucket: int, rows: int, length: int
+    plan: BucketPlan,
+    cost_model: PredictsMemory | PredictsMemory2D,
+    bucket: int,
+    rows: int,
+    length: int,
+    vision: int | None = None,
 ) -> int:
-    """The predicted peak of ``rows`` x ``length`` in ``bucket``: at its image-token bound in a 2D
-    plan (NOTE [ Risk before the GPU ]), by length alone in a 1D one."""
-    vision = plan.buckets[bucket].vision_bound
+    """The predicted peak of ``rows`` x ``length`` in ``bucket``: at ``vision`` image tokens (default:
+    its image-token bound) in a 2D plan (NOTE [ Risk before the GPU ]), by length alone in a 1D one."""
+    vision = plan.buckets[bucket].vision_bound if vision is None else vision
     if vision is None:
         return int(cost_model.memory(rows, length).total)
     if prices_vision(cost_model):

@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import numpy as np
 import torch.distributed as dist
@@ -40,8 +40,10 @@ from torch.utils.data import Sampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
 from tokenbucket._exceptions import ConfigError, StateError
-from tokenbucket.plan._search import OversizeSampleError, PredictsMemory, dynamic_batches
+from tokenbucket.plan._search import PredictsMemory
+from tokenbucket.plan.buckets_2d import SupportsCost2D
 from tokenbucket.plan.manifest import Manifest
+from tokenbucket.train._dynamic import DynamicFill, DynamicFill2D, cut_dynamic, dynamic_mode
 from tokenbucket.train.batch import BatchInfo
 
 if TYPE_CHECKING:  # typing_extensions comes with torch; Unpack is in typing from 3.11
@@ -50,6 +52,7 @@ if TYPE_CHECKING:  # typing_extensions comes with torch; Unpack is in typing fro
 __all__ = [
     "BucketBatchSampler",
     "DynamicFill",
+    "DynamicFill2D",
     "Epoch",
     "EpochPosition",
     "RankAware",
@@ -89,15 +92,6 @@ def members_by_bucket(buckets: np.ndarray, num_buckets: int) -> list[np.ndarray]
     return [np.flatnonzero(buckets == k).astype(dtype) for k in range(num_buckets)]
 
 
-class DynamicFill(NamedTuple):
-    """How a dynamic-mode sampler fills its batches (a plain 4-tuple in this order works too)."""
-
-    lengths: np.ndarray
-    cost_model: PredictsMemory
-    budget_bytes: int
-    pool_batches: int
-
-
 class SamplerOptions(TypedDict, total=False):
     """The :class:`BucketBatchSampler` arguments that :meth:`~BucketBatchSampler.from_manifest` and
     ``TokenBucketDataset.sampler`` pass on."""
@@ -108,7 +102,7 @@ class SamplerOptions(TypedDict, total=False):
     rank: int | None
     world_size: int | None
     sync_buckets: bool
-    dynamic: DynamicFill | None
+    dynamic: DynamicFill | DynamicFill2D | None
 
 
 @dataclass(frozen=True)
@@ -144,7 +138,7 @@ def epoch_steps(
     sync_buckets: bool = True,
     drop_last: bool = False,
     shuffle: bool = True,
-    dynamic: DynamicFill | None = None,
+    dynamic: DynamicFill | DynamicFill2D | None = None,
     order: list[np.ndarray] | None = None,
 ) -> Epoch:
     """All ranks' batches of one epoch (see the module docstring).
@@ -152,7 +146,8 @@ def epoch_steps(
     Args:
         buckets: bucket index of every sample (``-1``: not in the epoch).
         batch_sizes: static batch size per bucket.
-        dynamic: a :class:`DynamicFill` ``(lengths, cost_model, budget_bytes, pool_batches)`` for dynamic batching.
+        dynamic: a :class:`DynamicFill` ``(lengths, cost_model, budget_bytes, pool_batches)`` for dynamic
+            batching, or a :class:`DynamicFill2D` (``vision`` after ``lengths``) for a 2D dynamic plan.
         order: :func:`members_by_bucket` of ``buckets``, when the caller keeps it between epochs.
     """
     n = len(buckets)
@@ -164,19 +159,12 @@ def epoch_steps(
     base = 0
     for k, members in enumerate(order):
         count = len(members)
-        if shuffle:
+        # a 2D fill shuffles its own pools by (seed, epoch) (NOTE [ Two-dimensional dynamic batches ])
+        if shuffle and not (dynamic is not None and len(dynamic) == 5):
             members = members[rng.permutation(count)]
         if dynamic is not None:
-            lengths, cost, budget, pool_batches = dynamic
-            try:
-                # NOTE [ Sorted pools ]: the same cut the planner simulated
-                cut = dynamic_batches(lengths[members], cost, budget, pool_batches=pool_batches, rng=rng)
-            except OversizeSampleError as exc:
-                raise ConfigError(
-                    f"sample {int(members[exc.position])} ({exc.length:,} tokens) fits not even alone under the "
-                    f"sampler's cost model and budget ({budget / 2**30:.2f} GiB): the plan was made with another "
-                    f"model or budget; plan again with this one"
-                ) from None
+            # NOTE [ Sorted pools ]: the same cut the planner simulated
+            cut = cut_dynamic(dynamic, members, rng=rng, seed=seed, epoch=epoch)
             members = members[np.concatenate(cut)] if cut else members
             sizes = np.array([len(c) for c in cut], dtype=np.int64)
             local = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
@@ -466,7 +454,10 @@ class BucketBatchSampler(EpochPosition, RankAware, Sampler[list[int]]):
         shuffle, seed, drop_last: as in ``torch.utils.data.DistributedSampler``.
         rank, world_size: default from ``torch.distributed`` when initialised, else 0 and 1.
         sync_buckets: every rank draws from the same bucket at the same step.
-        dynamic: ``(lengths, cost_model, budget_bytes, pool_batches)`` for dynamic batches.
+        dynamic: ``(lengths, cost_model, budget_bytes, pool_batches)`` for dynamic batches; a
+            :class:`DynamicFill2D` ``(lengths, vision, cost_model, budget_bytes, pool_batches)``
+            for a 2D dynamic plan (each batch at its own longest and most image tokens; state
+            ``mode`` ``"dynamic_2d"``).
 
     State keys: ``epoch``, ``step``, ``plan_id``, ``world_size``, ``seed``, ``drop_last``,
     ``sync_buckets``, ``mode``.
@@ -491,7 +482,7 @@ class BucketBatchSampler(EpochPosition, RankAware, Sampler[list[int]]):
         rank: int | None = None,
         world_size: int | None = None,
         sync_buckets: bool = True,
-        dynamic: DynamicFill | None = None,
+        dynamic: DynamicFill | DynamicFill2D | None = None,
     ) -> None:
         self._set_rank_world(rank, world_size)  # NOTE [ Rank at iteration ]
         if not isinstance(plan_id, str) or len(plan_id) < 15 or any(c not in "0123456789abcdef" for c in plan_id):
@@ -508,7 +499,7 @@ class BucketBatchSampler(EpochPosition, RankAware, Sampler[list[int]]):
         self.plan_id, self.shuffle, self.seed, self.drop_last = plan_id, shuffle, int(seed), drop_last
         self.sync_buckets = sync_buckets
         self.dynamic = dynamic
-        self.mode = "dynamic" if dynamic is not None else "static"
+        self.mode = dynamic_mode(dynamic)
         self._init_position()  # NOTE [ An epoch moves on by itself ]
         self._cache: Epoch | None = None
         self._cache_key: tuple[int, int] = (-1, 0)  # (epoch, world size) it was drawn for
@@ -520,13 +511,15 @@ class BucketBatchSampler(EpochPosition, RankAware, Sampler[list[int]]):
         cls,
         manifest: Manifest,
         *,
-        cost_model: PredictsMemory | None = None,
+        cost_model: PredictsMemory | SupportsCost2D | None = None,
         pool_batches: int = 32,
         **kwargs: Unpack[SamplerOptions],
     ) -> BucketBatchSampler:
         """A sampler over a :class:`~tokenbucket.plan.manifest.Manifest` (rows in dataset order).
 
-        A dynamic-mode manifest needs the ``cost_model`` it was planned with, to fill batches.
+        A dynamic-mode manifest needs the ``cost_model`` it was planned with, to fill batches (a
+        2D one: a model that prices image tokens, e.g. ``StagedLengthModel``; its batches are cut
+        with ``pool_batches`` per pool, the plan's ``pool_batches`` to reproduce its predictions).
         """
         plan = manifest.plan
         if plan.mode == "packed":
@@ -536,7 +529,12 @@ class BucketBatchSampler(EpochPosition, RankAware, Sampler[list[int]]):
             if cost_model is None:
                 raise ConfigError("a dynamic-mode manifest needs cost_model= to fill its batches to the budget")
             totals = manifest.table.column("total").fill_null(0).to_numpy()
-            kwargs["dynamic"] = DynamicFill(totals, cost_model, plan.budget_bytes, pool_batches)
+            if plan.two_d:  # NOTE [ Two-dimensional dynamic batches ]: the model prices image tokens too
+                vision = manifest.table.column("vision").fill_null(0).to_numpy()
+                two = cast("SupportsCost2D", cost_model)
+                kwargs["dynamic"] = DynamicFill2D(totals, vision, two, plan.budget_bytes, pool_batches)
+            else:
+                kwargs["dynamic"] = DynamicFill(totals, cast("PredictsMemory", cost_model), plan.budget_bytes, pool_batches)
         return cls(buckets, plan.batch_sizes.tolist(), plan_id=manifest.content_hash, **kwargs)
 
     # -- the epoch ---------------------------------------------------------------------------

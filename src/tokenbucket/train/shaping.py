@@ -3,7 +3,8 @@ for what every collate over a :class:`~tokenbucket.train.batch.BucketedData` doe
 
 Static plans pad to ``(batch_size, bound)`` of the bucket (the rows of a risk-split part with
 ``on_risk="split"``); dynamic ones to ``(len(batch), longest)``. The peak is the cost model's
-for that shape (a 2D bucket's at its image-token bound too), else the plan's for the bucket; a
+for that shape (a 2D static bucket's at its image-token bound too, a 2D dynamic batch's at its own
+most image tokens), else the plan's for the bucket; a
 batch above ``risk_threshold`` of the budget goes through NOTE [ Risk before the GPU ]
 (:mod:`tokenbucket.train.risk`).
 """
@@ -127,16 +128,23 @@ class BatchShape:
         """The batch's :class:`BatchInfo`, after the risk policy (which may warn or raise);
         ``position``: the sampler's after this batch (NOTE [ Position through the workers ])."""
         data = self.data
-        peak = (  # NOTE [ Risk before the GPU ]: a 2D bucket at its image-token bound
-            bucket_peak(data.plan, self.cost_model, bucket, rows, length)
+        plan = data.plan
+        info = data.batch_info(indices, bucket=bucket, shape=(rows, length), predicted_peak_bytes=0)
+        vision = plan.buckets[bucket].vision_bound
+        if vision is not None and plan.mode == "dynamic" and "vision" in info.tokens:
+            # NOTE [ Two-dimensional dynamic batches ]: the batch is padded to its own most image tokens
+            j = list(info.tokens).index("vision")
+            vision = max((r[j] for r in info.row_tokens), default=0)
+        peak = (  # NOTE [ Risk before the GPU ]: a 2D batch at its image-token bound
+            bucket_peak(plan, self.cost_model, bucket, rows, length, vision)
             if self.cost_model is not None
-            else data.plan.buckets[bucket].predicted_peak_bytes
+            else plan.buckets[bucket].predicted_peak_bytes
         )
-        info = data.batch_info(indices, bucket=bucket, shape=(rows, length), predicted_peak_bytes=peak)
+        info = dataclasses.replace(info, predicted_peak_bytes=peak, risk=peak / plan.budget_bytes)
         if position is not None:
             info = dataclasses.replace(info, position=position)
-        if data.plan.mode == "static" and data.plan.buckets[bucket].vision_bound is not None:
-            info = dataclasses.replace(info, vision_bound=data.plan.buckets[bucket].vision_bound)
+        if vision is not None:
+            info = dataclasses.replace(info, vision_bound=vision)
         if info.risk > self.risk_threshold:  # NOTE [ Risk before the GPU ]
             # per-camera counts need each sample's metadata: only for the rare flagged batch
             info = dataclasses.replace(info, cameras=data.camera_tokens(indices))
