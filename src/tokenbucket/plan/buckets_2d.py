@@ -107,6 +107,9 @@ def _fits_alone(cost: SupportsCost2D, lengths: np.ndarray, vision: np.ndarray, b
         top = int(lengths[members].max())
         if ceiling is not None:
             top = min(top, ceiling)
+        if top < 1:  # not one token fits at a smaller count: none at this one either
+            ok[members] = False
+            continue
         if cost.memory(1, top, v).total <= budget:
             longest = top
         else:
@@ -229,7 +232,7 @@ def plan_buckets_2d(
         ConfigError: bad inputs, or no plan of ``max_buckets`` fits every sample.
     """
     if mode not in ("static", "dynamic"):
-        why = " (two-cap packing is plan_packing_2d)" if mode == "packed" else ""
+        why = " (two-cap packing is plan_packing_2d)" if str(mode) == "packed" else ""
         raise ConfigError(f"mode should be 'static' or 'dynamic', but got mode={mode!r}{why}")
     if isinstance(pool_batches, bool) or not isinstance(pool_batches, int) or pool_batches < 1:
         raise ConfigError(f"pool_batches should be a positive integer, but got pool_batches={pool_batches!r}")

@@ -5,7 +5,7 @@ The planner simulates the same cut, so what a dynamic plan predicts is what trai
 
 from __future__ import annotations
 
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import numpy as np
 
@@ -65,10 +65,10 @@ def cut_dynamic(
     ``(seed, epoch)``, so the plan, which knows no plan id, predicts epoch 0 exactly (NOTE
     [ Two-dimensional dynamic batches ]).
     """
-    budget = int(dynamic[-2])  # type: ignore[call-overload]
+    budget = int(dynamic[-2])
     try:
         if len(dynamic) == 5:
-            two = DynamicFill2D(*cast("DynamicFill2D", dynamic))
+            two = DynamicFill2D(*dynamic)
             return dynamic_batches_2d(
                 two.lengths[members],
                 two.vision[members],
@@ -78,7 +78,7 @@ def cut_dynamic(
                 seed=seed,
                 epoch=epoch,
             )
-        one = DynamicFill(*cast("DynamicFill", dynamic))
+        one = DynamicFill(*dynamic)
         return dynamic_batches(one.lengths[members], one.cost_model, budget, pool_batches=one.pool_batches, rng=rng)
     except OversizeSampleError as exc:
         images = f", {int(dynamic[1][members[exc.position]]):,} image tokens" if len(dynamic) == 5 else ""

@@ -534,7 +534,7 @@ class BucketBatchSampler(EpochPosition, RankAware, Sampler[list[int]]):
                 two = cast("SupportsCost2D", cost_model)
                 kwargs["dynamic"] = DynamicFill2D(totals, vision, two, plan.budget_bytes, pool_batches)
             else:
-                kwargs["dynamic"] = DynamicFill(totals, cast("PredictsMemory", cost_model), plan.budget_bytes, pool_batches)
+                kwargs["dynamic"] = DynamicFill(totals, cost_model, plan.budget_bytes, pool_batches)
         return cls(buckets, plan.batch_sizes.tolist(), plan_id=manifest.content_hash, **kwargs)
 
     # -- the epoch ---------------------------------------------------------------------------
