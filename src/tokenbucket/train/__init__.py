@@ -1,6 +1,7 @@
 """train stage: the plan turned into DataLoader batches.
 
 sampler.py     BucketBatchSampler: deterministic, rank-aware, resumable batches of indices
+_dynamic.py    its dynamic cut each epoch: DynamicFill (by length), DynamicFill2D (length and image tokens)
 collate.py     TokenBucketDataset (any map-style or Hugging Face dataset) and BucketCollate (flattened tokens)
 modal.py       ModalityCollate: LeRobot / Qwen2-VL items batched by modality (stacked cameras or patches)
 _cameras.py    its camera side: images and clips matched to the metadata's cameras, stacked or in patch streams
