@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.cli._packed_2d import is_two_cap, packed_report, print_packed
 from tokenbucket.cli._tables import _histogram, _plan_json, _print_plan
 from tokenbucket.monitor.report import pyplot
 from tokenbucket.plan.bucket_plan import BucketPlan
@@ -50,8 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     manifest = load_manifest(args.manifest)  # verified; no spec to compare here (none is given)
     summary = manifest.summary()  # as `plan` printed it: rows refused as invalid count as rejected
+    packed = packed_report(manifest) if is_two_cap(manifest.plan) else None  # NOTE [ A two-cap packed manifest ]
     if args.json:
-        out = {**_plan_json(manifest.plan), "summary": summary}
+        out = {**_plan_json(manifest.plan), "summary": summary, **({"packed_2d": packed} if packed else {})}
         out["rows"] = len(manifest)
         out["meta"] = manifest.meta.get("meta", {})
         print(json.dumps(out))
@@ -60,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
             f"{args.manifest}: {len(manifest):,} rows, created {manifest.meta.get('created')}, "
             f"hash {manifest.content_hash[:12]}"
         )
-        _print_plan(manifest.plan, summary)
+        if packed is not None:
+            print_packed(packed, summary)
+        else:
+            _print_plan(manifest.plan, summary)
         totals = manifest.table.column("total").drop_null().to_numpy()
         if len(totals):
             print("\nL_total histogram (log2 bins):")

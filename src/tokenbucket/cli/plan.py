@@ -54,6 +54,7 @@ from tokenbucket.cli._common import (
     spec_from_args,
 )
 from tokenbucket.cli._lerobot import lerobot_policy_arg
+from tokenbucket.cli._packed_2d import packed_report, print_packed, refuse_packed_flags, run_packed_2d
 from tokenbucket.cli._staged import (
     add_staged_flags,
     is_staged,
@@ -449,7 +450,7 @@ def run(args: argparse.Namespace) -> int:
             "cannot be measured"
         )
     elif args.plan_mode == "packed":
-        raise UsageError("--mode packed prices packed rows with the block model; use --mode static or dynamic")
+        refuse_packed_flags(args)
     _check_2d(args, staged)
     budget = _budget(args)
     if budget is None:
@@ -482,6 +483,9 @@ def run(args: argparse.Namespace) -> int:
             rows = Path(tmp) / "lerobot-rows.parquet"
             meta["lerobot"] = _lerobot_metadata(args, rows)
             sources = [rows]
+        if staged_cost is not None and args.plan_mode == "packed":
+            manifest = run_packed_2d(args, staged_cost, spec, sources, budget, meta)
+            return _report_packed(args, manifest, meta)
         if staged_cost is not None:
             cost = _staged_length(args, staged_cost, spec, sources, meta["model"])
             if args.profile is not None:
@@ -537,6 +541,19 @@ def run(args: argparse.Namespace) -> int:
                 f"step times and memory offsets from calibration {args.calibration} "
                 f"(fitted on {meta['calibration']['source'] or 'a run'})"
             )
+        print(f"manifest: {args.out} ({len(manifest):,} rows)")
+    return 0
+
+
+def _report_packed(args: argparse.Namespace, manifest: Manifest, meta: dict[str, Any]) -> int:
+    """What ``plan --mode packed`` prints of a staged model's two-cap packed manifest."""
+    summary, report = manifest.summary(), packed_report(manifest)
+    if args.json:
+        print(
+            json.dumps({**_plan_json(manifest.plan), "summary": summary, "packed_2d": report, "staged": meta["model"]})
+        )
+    else:
+        print_packed(report, summary)
         print(f"manifest: {args.out} ({len(manifest):,} rows)")
     return 0
 

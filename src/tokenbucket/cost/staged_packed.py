@@ -31,8 +31,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -40,9 +41,10 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.gpus import GPU
 from tokenbucket.cost.staged import Sample, StagedEstimate
 from tokenbucket.cost.staged_length import StagedLengthModel
+from tokenbucket.cost.step_time import FixedCost, StepTime
 from tokenbucket.tokens.hf import VisionInputs
 
-__all__ = ["PackedEstimate", "SampleLoads", "StagedPackedModel"]
+__all__ = ["PackedEstimate", "PackedStepCost", "SampleLoads", "StagedPackedModel"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,54 @@ class PackedEstimate:
     estimate: StagedEstimate
 
 
+@dataclass(frozen=True)
+class PackedStepCost:
+    """What pricing a batch of packed rows for the rank balance takes, as a value: a padding
+    token's FLOPs and the step-time model with its fixed cost (NOTE [ Step time ]; ``None``: no
+    GPU, FLOPs at 1 PFLOP/s). A manifest stores it, so a sampler re-packs each epoch without the
+    model's config (NOTE [ A two-cap packed manifest ]); its seconds are the model's, bit for bit.
+
+    Example:
+        >>> c = PackedStepCost(pad_flops_per_token=1e9)
+        >>> c.step_seconds(2e15, 4096), PackedStepCost.from_dict(c.to_dict()) == c
+        (2.0, True)
+    """
+
+    pad_flops_per_token: float
+    step_time: StepTime | None = None
+    fixed: FixedCost | None = None
+
+    def __post_init__(self) -> None:
+        if (self.step_time is None) != (self.fixed is None):
+            raise ConfigError("a packed step cost needs step_time and fixed together, or neither (no GPU)")
+
+    def step_seconds(self, flops: float, tokens: int) -> float:
+        """Seconds of one step of ``flops`` training FLOPs over ``tokens`` carried LLM tokens."""
+        if self.step_time is None or self.fixed is None:
+            return float(flops) / 1e15
+        return self.step_time.seconds(flops, tokens, fixed=self.fixed).total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pad_flops_per_token": self.pad_flops_per_token,
+            "step_time": None if self.step_time is None else self.step_time.to_dict(),
+            "fixed": None if self.fixed is None else asdict(self.fixed),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PackedStepCost:
+        """The inverse of :meth:`to_dict`; a damaged entry is a one-line ConfigError."""
+        try:
+            st, fixed = data["step_time"], data["fixed"]
+            return cls(
+                float(data["pad_flops_per_token"]),
+                None if st is None else StepTime.from_dict(dict(st), source="packed step cost"),
+                None if fixed is None else FixedCost(**fixed),
+            )
+        except (KeyError, TypeError, ValueError) as exc:  # ConfigError is a ValueError too
+            raise ConfigError(f"a packed step cost cannot be read from {dict(data)!r:.80}: {exc}") from None
+
+
 class StagedPackedModel:
     """Prices packed rows of a staged model (NOTE [ A packed row's price ]).
 
@@ -158,10 +208,13 @@ class StagedPackedModel:
             self._memo[key] = PackedEstimate(est.peak_bytes, est)
         return self._memo[key]
 
+    def step_cost(self) -> PackedStepCost:
+        """This model's step pricing as a value (what a two-cap packed manifest stores)."""
+        st = self.length_model.step_time
+        fixed = None if st is None else self.length_model.fixed_cost()
+        return PackedStepCost(self.pad_flops_per_token, st, fixed)
+
     def step_seconds(self, flops: float, tokens: int) -> float:
         """Seconds of one step of ``flops`` training FLOPs over ``tokens`` carried LLM tokens
         (NOTE [ Step time ]); without a GPU, the FLOPs at 1 PFLOP/s (a ranking by FLOPs)."""
-        st = self.length_model.step_time
-        if st is None:
-            return float(flops) / 1e15
-        return st.seconds(flops, tokens, fixed=self.length_model.fixed_cost()).total
+        return self.step_cost().step_seconds(flops, tokens)

@@ -46,6 +46,7 @@ __all__ = [
     "ContentHash",
     "Described",
     "PartSink",
+    "RowAssignment",
     "finish_part",
     "footer_info",
     "is_manifest_file",
@@ -144,6 +145,14 @@ class Described(Protocol):
     """What a model spec gives a manifest to record and compare: its fields as a JSON-ready dict."""
 
     def to_dict(self) -> dict[str, Any]: ...
+
+
+class RowAssignment(Protocol):
+    """Rows a plan placed itself, before the write (a two-cap packed plan: NOTE [ A two-cap
+    packed manifest ]): for input rows ``index`` (global, valid ones), their bucket, their reason
+    (null when placed) and the extra columns the manifest stores of them."""
+
+    def rows(self, index: np.ndarray) -> tuple[np.ndarray, pa.Array, dict[str, pa.Array]]: ...
 
 
 def model_of(cost: object) -> Described | None:

@@ -50,6 +50,7 @@ from tokenbucket.plan._manifest_io import (
     ContentHash,
     Described,
     PartSink,
+    RowAssignment,
     footer_info,
     json_ready,
     prepare_out,
@@ -320,6 +321,7 @@ def build_manifest(
     force: bool = False,
     two_d: bool = False,
     multiple: int = 64,
+    assigned: RowAssignment | None = None,
 ) -> Manifest:
     """Count, plan and write a manifest for the metadata in ``sources``.
 
@@ -347,6 +349,8 @@ def build_manifest(
             takes ``vision=``: NOTE [ Two-dimensional buckets ]).
         multiple: a 1D plan's bounds are multiples of this (64: tensor-core friendly shapes; 1:
             every bound a sample's own length, for a model that never pads, as a LeRobot policy).
+        assigned: with a given plan, where each valid row goes and the columns it adds, decided
+            by the caller (NOTE [ A two-cap packed manifest ]); default: ``plan.assign``.
 
     Returns:
         The written manifest, loaded.
@@ -410,7 +414,7 @@ def build_manifest(
         for table in iter_metadata_batches(
             paths, batch_rows=batch_rows, key=spec.columns.key, absent=spec.absent_as_zero()
         ):
-            part = manifest_part(table, spec, plan, offset, on_invalid, on_oversize)
+            part = manifest_part(table, spec, plan, offset, on_invalid, on_oversize, assigned)
             # with on_invalid="reject", rows refused as invalid take no part in the key check
             kept = not_invalid(part) if on_invalid == "reject" else None
             keys = part.column("key") if kept is None else part.column("key").filter(pa.array(kept))
@@ -439,19 +443,28 @@ def build_manifest(
 
 
 def manifest_part(
-    table: pa.Table, spec: TokenSpec, plan: BucketPlan, offset: int, on_invalid: str, on_oversize: str
-) -> pa.Table:
+    table: pa.Table, spec: TokenSpec, plan: BucketPlan, offset: int, on_invalid: str, on_oversize: str,
+    assigned: RowAssignment | None = None,
+) -> pa.Table:  # fmt: skip
     """One input batch as manifest rows: breakdown, global index, bucket, reason."""
     bounds = plan.bounds
     # NOTE [ Samples without tokens ]
     # A padded row of nothing but padding trains nothing (and an attention row with no key to
     # attend to is NaN in many kernels): in static and dynamic plans a sample of 0 tokens is an
     # invalid row, named under on_invalid="raise" and rejected with its reason under "reject".
-    # Packing takes it (it adds no row), so packed plans keep it.
-    min_total = 0 if plan.mode == "packed" else 1
+    # Packing takes it (it adds no row), so packed plans keep it; a two-cap packed plan prices
+    # every sample alone, and a sample of nothing is none (NOTE [ A two-cap packed manifest ]).
+    min_total = 0 if plan.mode == "packed" and assigned is None else 1
     result = breakdown_table(table, spec, on_invalid=on_invalid, min_total=min_total, row_offset=offset)  # type: ignore[arg-type]
     good = result.table
     idx = good.column("index").to_numpy() + offset
+    if assigned is not None:  # NOTE [ A two-cap packed manifest ]
+        bucket, reason, extra = assigned.rows(idx)
+        part = good.set_column(good.schema.get_field_index("index"), "index", pa.array(idx))
+        part = part.append_column("bucket", pa.array(bucket.astype(np.int32))).append_column("reason", reason)
+        for name, column in extra.items():
+            part = part.append_column(name, column)
+        return _with_rejected(part, result.rejected, offset) if result.rejected.num_rows else part
     vision = good.column("vision").to_numpy() if plan.two_d else None  # NOTE [ Two-dimensional buckets ]
     bucket = plan.assign(good.column("total").to_numpy(), vision).astype(np.int32)
     reason = pa.nulls(good.num_rows, pa.string())

@@ -53,6 +53,7 @@ from tokenbucket.plan.bucket_plan import Bucket, BucketPlan
 __all__ = [
     "PackedPlan2D",
     "SupportsPackedCost",
+    "SupportsStepSeconds",
     "balance_steps",
     "pack_rows_2d",
     "plan_packing_2d",
@@ -62,15 +63,21 @@ __all__ = [
 EMPTY = -1  # an empty batch in a step (NOTE [ Balanced ranks ])
 
 
-class SupportsPackedCost(Protocol):
-    """What the packing planner asks: a batch of packed rows' peak, a step's seconds from its
-    FLOPs and carried tokens, and a padding token's FLOPs (``StagedPackedModel`` answers it)."""
+class SupportsStepSeconds(Protocol):
+    """What pricing a batch of packed rows asks: a step's seconds from its FLOPs and carried
+    tokens, and a padding token's FLOPs (``StagedPackedModel`` and ``PackedStepCost`` answer it)."""
 
-    pad_flops_per_token: float
-
-    def memory(self, rows: int, row_tokens: int, patches: int, image_tokens: int) -> MemoryTotal: ...
+    @property
+    def pad_flops_per_token(self) -> float: ...
 
     def step_seconds(self, flops: float, tokens: int) -> float: ...
+
+
+class SupportsPackedCost(SupportsStepSeconds, Protocol):
+    """What the packing planner asks: a batch of packed rows' peak as well (``StagedPackedModel``
+    answers it)."""
+
+    def memory(self, rows: int, row_tokens: int, patches: int, image_tokens: int) -> MemoryTotal: ...
 
 
 def _positive_int(name: str, value: object, minimum: int = 1) -> int:
@@ -233,7 +240,7 @@ class PackedPlan2D:
 
 
 def batch_seconds(
-    batches: list[list[np.ndarray]], loads: SampleLoads, cost: SupportsPackedCost, rows: int, row_tokens: int
+    batches: list[list[np.ndarray]], loads: SampleLoads, cost: SupportsStepSeconds, rows: int, row_tokens: int
 ) -> np.ndarray:
     """Each batch's predicted seconds: its samples' own FLOPs plus its padding's, over ``rows x
     row_tokens`` carried tokens (NOTE [ A packed row's price ])."""

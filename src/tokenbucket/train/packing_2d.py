@@ -27,10 +27,12 @@ from torch.utils.data import Sampler
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.staged_packed import SampleLoads
+from tokenbucket.plan.manifest import Manifest
+from tokenbucket.plan.packed_manifest import packed_plan_of
 from tokenbucket.plan.packing_2d import (
     EMPTY,
     PackedPlan2D,
-    SupportsPackedCost,
+    SupportsStepSeconds,
     balance_steps,
     batch_seconds,
     pack_rows_2d,
@@ -94,8 +96,9 @@ class PackedBatchSampler2D(EpochPosition, RankAware, Sampler[list[int]]):
             samples kept; its own batches are epoch 0's at its seed and world size).
         loads: the samples' loads the plan was made from (``StagedPackedModel.loads``), one a
             dataset index.
-        cost_model: the :class:`~tokenbucket.plan.packing_2d.SupportsPackedCost` the plan was
-            made with: it prices each epoch's batches for the rank balance.
+        cost_model: what the plan was priced with (a ``StagedPackedModel``, or the
+            ``PackedStepCost`` a manifest stores; :class:`~tokenbucket.plan.packing_2d.SupportsStepSeconds`):
+            it prices each epoch's batches for the rank balance.
         seed, pool: the packing's (default: the plan's ``pack_seed`` / ``pack_pool``).
         shuffle: a new packing and step order each epoch (``False``: first-fit decreasing in
             index order, steps by predicted seconds).
@@ -115,7 +118,7 @@ class PackedBatchSampler2D(EpochPosition, RankAware, Sampler[list[int]]):
         self,
         plan: PackedPlan2D,
         loads: SampleLoads,
-        cost_model: SupportsPackedCost,
+        cost_model: SupportsStepSeconds,
         *,
         seed: int | None = None,
         shuffle: bool = True,
@@ -168,7 +171,7 @@ class PackedBatchSampler2D(EpochPosition, RankAware, Sampler[list[int]]):
         data: BucketedData,
         plan: PackedPlan2D,
         loads: SampleLoads,
-        cost_model: SupportsPackedCost,
+        cost_model: SupportsStepSeconds,
         **kwargs: Unpack[PackedOptions2D],
     ) -> PackedBatchSampler2D:
         """A sampler over ``data`` (a :class:`~tokenbucket.train.collate.TokenBucketDataset`),
@@ -190,6 +193,21 @@ class PackedBatchSampler2D(EpochPosition, RankAware, Sampler[list[int]]):
                 f"count the sequence differently (an image's start / end tokens?); count both the same and plan again"
             )
         return sampler
+
+    @classmethod
+    def from_manifest(
+        cls, manifest: Manifest, *, cost_model: SupportsStepSeconds | None = None, **kwargs: Unpack[PackedOptions2D]
+    ) -> PackedBatchSampler2D:
+        """A sampler over a two-cap packed :class:`~tokenbucket.plan.manifest.Manifest` (``tokenbucket plan
+        --hf-config DIR --mode packed``; rows in dataset order), re-packing each epoch from the loads and
+        step cost it stores (NOTE [ A two-cap packed manifest ]); ``cost_model`` replaces the stored step
+        cost (a recalibrated model, say). Epoch 0 at the plan's seed and world size is the planner's.
+
+        Raises:
+            ConfigError: the manifest holds another plan (one line naming the sampler that reads it).
+        """
+        packed = packed_plan_of(manifest)
+        return cls(packed.plan, packed.loads, packed.step_cost if cost_model is None else cost_model, **kwargs)
 
     def epoch_batches(self, epoch: int | None = None) -> PackedEpoch2D:
         """All ranks' batches of ``epoch`` (default: the current one), on this sampler's world
