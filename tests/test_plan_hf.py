@@ -195,7 +195,7 @@ def test_staged_length_model_fixed_tower_rounds_down_and_pickles() -> None:
         (["--patch", "16", "--merge", "1"], ["--patch", "--merge", "--hf-config"]),
         (["--vision-share", "1.5"], ["--vision-share", "1.5"]),
         (["--vision-share", "nan"], ["--vision-share"]),
-        (["--mode", "packed"], ["--mode packed"]),
+        (["--mode", "packed", "--vision-share", "0.5"], ["--mode packed", "--vision-share"]),
         (["--hidden", "512"], ["--hidden"]),
     ],
 )
