@@ -188,7 +188,8 @@ def test_out_safety_stale_temporaries_of_dead_builds_are_removed_nothing_else(
     dead, alive = _dead_pid(), os.getppid()
     stale_file = tmp_path / f".m.parquet.{dead}.tmp"
     stale_file.write_bytes(b"PAR1 half a manifest")
-    stale_dir = tmp_path / f".m.parquet.{dead + 1 if dead + 1 != alive else dead + 2}.tmp"
+    # another process that has exited (not dead + 1: the next pid handed out, often alive by the build)
+    stale_dir = tmp_path / f".m.parquet.{_dead_pid()}.tmp"
     stale_dir.mkdir()
     (stale_dir / "part-00000.parquet").write_bytes(b"PAR1 half")
     decoys = [
