@@ -22,9 +22,10 @@ H100-SXM (80 GB) at its default budget. For each shape count K:
   ``dynamic=False``). Needs ``pip install -e '.[bench]'``.
 
 "over budget" counts, for a tokenbucket plan, batches whose bucket, priced with its heaviest real member exactly (its own
-images at their own size and its own text, ``batch_size`` copies), is over the budget: the check
-that the worst-sample rounding of NOTE [ Two-dimensional buckets ] holds for real samples; for
-the peer, batches over the budget at their own rows and maxima (the oracle's check).
+cameras at their own size, each a clip as the breakdown counts it (NOTE [ Frames are images ]:
+Qwen's two-frame temporal patch), and its own text, ``batch_size`` copies), is over the budget:
+the check that the worst-sample rounding of NOTE [ Two-dimensional buckets ] holds for real
+samples; for the peer, batches over the budget at their own rows and maxima (the oracle's check).
 
     python benchmarks/bench_2d.py [--samples 50000] [--shapes 8 16 32]
 """
@@ -35,8 +36,10 @@ import argparse
 import importlib.util
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 
 import numpy as np
+import pyarrow as pa
 
 from tokenbucket import breakdown_table, gpu_budget_bytes
 from tokenbucket.cost.hf_model import StagedModel
@@ -49,21 +52,42 @@ from tokenbucket.testing import mixture_tv
 from tokenbucket.tokens.hf import token_spec_from_hf
 
 
+def samples_of(table: pa.Table) -> list[Sample]:
+    """Every metadata row as the breakdown counts it with the model's own spec
+    (``token_spec_from_hf``, NOTE [ Frames are images ]): each camera one clip, which the cost model
+    feeds through the family's video path when it has one and the camera has two frames or more
+    (Qwen: frame pairs merged along time), and as images otherwise; a row without cameras is text."""
+    return [
+        Sample.video(cameras=r["cameras"], frames=r["frames"], height=r["height"], width=r["width"],
+                     text_tokens=r["text_tokens"]) if r["cameras"] else Sample(text_tokens=r["text_tokens"])
+        for r in table.to_pylist()
+    ]  # fmt: skip
+
+
 def exact_over(
-    plan: BucketPlan, table: object, lengths: np.ndarray, vision: np.ndarray, cost: StagedCostModel, budget: int
+    plan: BucketPlan,
+    samples: list[Sample],
+    lengths: np.ndarray,
+    vision: np.ndarray,
+    cost: StagedCostModel,
+    budget: int,
 ) -> int:
-    """Batches of buckets whose heaviest real member, ``batch_size`` copies of it, is over budget."""
+    """Batches of buckets whose heaviest real member, ``batch_size`` copies of it, is over budget.
+
+    Members sharing their vision (images or clips, frames, size) differ only in text, and memory
+    grows with text, so the member with the most text of each such group is priced: every member
+    is checked. ``samples`` price each row as the breakdown counted ``lengths`` and ``vision``
+    (:func:`samples_of`)."""
     where = plan.assign(lengths, vision) if plan.two_d else plan.assign(lengths)
-    cams = table.column("cameras").to_numpy() * table.column("frames").to_numpy()  # type: ignore[attr-defined]
-    side = table.column("height").to_numpy()  # type: ignore[attr-defined]
     over = 0
     for k, b in enumerate(plan.buckets):
-        members = np.flatnonzero(where == k)
-        worst = 0
-        for i in members[np.argsort(-(vision[members] * 4 + lengths[members]))[:8]].tolist():
-            s = Sample(images=int(cams[i]) if vision[i] else 0, height=int(side[i]), width=int(side[i]),
-                       text_tokens=int(lengths[i] - vision[i]))  # fmt: skip
-            worst = max(worst, cost.memory(b.batch_size, s).peak_bytes)
+        heaviest: dict[Sample, Sample] = {}
+        for i in np.flatnonzero(where == k).tolist():
+            s = samples[i]
+            key = replace(s, text_tokens=0) if s.images or s.videos else Sample(text_tokens=1)
+            if key not in heaviest or heaviest[key].text_tokens < s.text_tokens:
+                heaviest[key] = s
+        worst = max((cost.memory(b.batch_size, s).peak_bytes for s in heaviest.values()), default=0)
         over += b.batches if worst > budget else 0
     return over
 
@@ -207,6 +231,7 @@ def main() -> None:
         raise SystemExit("the qwen2-vl-2b preset should carry its config")
     table = mixture_tv(args.samples, seed=0)
     result = breakdown_table(table, token_spec_from_hf(staged.config))
+    samples = samples_of(table)
     lengths = result.totals.astype(np.int64)
     vision = result.table.column("vision").to_numpy().astype(np.int64)
     budget = gpu_budget_bytes("H100-SXM")
@@ -248,7 +273,7 @@ def main() -> None:
             print(
                 f"| {k} | {name}{note} | {s['shapes']} | {s['batches']:,} | {s['predicted_epoch_seconds'] / 3600:.2f} | "
                 f"{s['predicted_epoch_seconds'] / ref - 1:+.1%} | {s['padding_efficiency']:.3f} | {secs:.1f} | "
-                f"{exact_over(plan, table, lengths, vision, staged, budget)} |"
+                f"{exact_over(plan, samples, lengths, vision, staged, budget)} |"
             )
         if peers:
             t0 = time.perf_counter()

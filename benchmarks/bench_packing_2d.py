@@ -58,7 +58,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_2d import lhotse_2d_ranks
+from bench_2d import lhotse_2d_ranks, samples_of
 from bench_video_plan import mixture as video_mixture
 
 from tokenbucket import gpu_budget_bytes
@@ -321,14 +321,9 @@ def main() -> None:
     packed_model = StagedPackedModel(StagedLengthModel(staged))
     budget = gpu_budget_bytes("H100-SXM")
 
-    def of(rows: list[dict[str, int]]) -> list[Sample]:
-        return [Sample.video(cameras=r["cameras"], frames=r["frames"], height=r["height"], width=r["width"],
-                             text_tokens=r["text_tokens"]) if r["cameras"] else Sample(text_tokens=r["text_tokens"])
-                for r in rows]  # fmt: skip
-
-    tv = Workload("mixture TV", of(mixture_tv(args.samples, seed=0).to_pylist()), packed_model, budget)
+    tv = Workload("mixture TV", samples_of(mixture_tv(args.samples, seed=0)), packed_model, budget)
     table(tv, args.shapes)
-    video = Workload("video mixture", of(video_mixture(args.video_samples, 0).to_pylist()), packed_model, budget)
+    video = Workload("video mixture", samples_of(video_mixture(args.video_samples, 0)), packed_model, budget)
     table(video, args.shapes)
 
 

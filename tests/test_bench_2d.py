@@ -1,17 +1,19 @@
-"""The 2D benchmark's peer scoring (what the README's lhotse 2D rows rest on), without lhotse:
-NeMo-style bins hold every sample, and a sampler's batches are priced per bin or per batch."""
+"""The 2D benchmark's checks (what the README's 2D table rests on), without lhotse: real samples
+priced as the breakdown counts them, every bucket's heaviest member checked, NeMo-style bins hold
+every sample, and a sampler's batches are priced per bin or per batch."""
 
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from benchmarks import bench_2d
 
 from tokenbucket import breakdown_table, gpu_budget_bytes
 from tokenbucket.cost.hf_model import StagedModel
-from tokenbucket.cost.staged import StagedCostModel
+from tokenbucket.cost.staged import Sample, StagedCostModel, TrainSetup
 from tokenbucket.cost.staged_length import StagedLengthModel
-from tokenbucket.plan.buckets_2d import step_cost_2d
+from tokenbucket.plan.buckets_2d import plan_buckets_2d, step_cost_2d
 from tokenbucket.testing import mixture_tv
 from tokenbucket.tokens.hf import token_spec_from_hf
 
@@ -24,11 +26,73 @@ def cost() -> StagedLengthModel:
 
 
 @pytest.fixture(scope="module")
-def workload(cost: StagedLengthModel) -> tuple[np.ndarray, np.ndarray]:
+def table() -> pa.Table:
+    return mixture_tv(2000, seed=3)
+
+
+@pytest.fixture(scope="module")
+def workload(cost: StagedLengthModel, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     config = cost.cost.config
     assert config is not None
-    result = breakdown_table(mixture_tv(2000, seed=3), token_spec_from_hf(config))
+    result = breakdown_table(table, token_spec_from_hf(config))
     return result.totals.astype(np.int64), result.table.column("vision").to_numpy().astype(np.int64)
+
+
+def test_samples_of_prices_every_row_as_the_breakdown_counts_it(
+    cost: StagedLengthModel, table: pa.Table, workload: tuple[np.ndarray, np.ndarray]
+) -> None:
+    lengths, vision = workload
+    samples = bench_2d.samples_of(table)
+    priced = np.array([cost.cost.sample_vision(s).llm_tokens for s in samples])
+    text = np.array([s.text_tokens for s in samples])
+    assert (priced == vision).all() and (priced + text == lengths).all()
+    # the rows this is about: a Qwen camera of 2+ frames is one clip (frame pairs merged along
+    # time, frames resized by the video processor), whose tokens its frames as stills miss: about
+    # twice as many from 320 px up, fewer at 224 px (the video processor's larger minimum)
+    clips = [i for i, s in enumerate(samples) if s.frames >= 2]
+    assert clips and all(cost.cost.clips(samples[i]) for i in clips)
+    for i in clips:
+        s = samples[i]
+        still = Sample.stills(cameras=s.videos, frames=s.frames, height=s.height, width=s.width)
+        assert cost.cost.sample_vision(still).llm_tokens != vision[i]
+
+
+def test_exact_over_prices_real_clips_and_counts_overrun_batches(
+    table: pa.Table, workload: tuple[np.ndarray, np.ndarray]
+) -> None:
+    # the benchmark's set-up: checkpointing on, so the planned batches are large
+    setup = TrainSetup(vision_checkpointing="full", backbone_checkpointing="full")
+    staged = StagedCostModel(StagedModel.preset("qwen2-vl-2b"), setup, gpu="H100-SXM")
+    lengths, vision = workload
+    plan = plan_buckets_2d(lengths, vision, StagedLengthModel(staged), BUDGET, max_buckets=16, on_oversize="reject")
+    samples = bench_2d.samples_of(table)
+    # every real member, clips as clips, fits its bucket's batch (NOTE [ Two-dimensional buckets ])
+    assert bench_2d.exact_over(plan, samples, lengths, vision, staged, BUDGET) == 0
+    # the old pricing (each frame a still image) finds overruns that are not there
+    stills = [
+        Sample.stills(cameras=s.videos, frames=s.frames, height=s.height, width=s.width, text_tokens=s.text_tokens)
+        if s.videos
+        else s
+        for s in samples
+    ]
+    assert bench_2d.exact_over(plan, stills, lengths, vision, staged, BUDGET) > 0
+    # a real overrun is counted, in whole buckets' batches
+    tight = bench_2d.exact_over(plan, samples, lengths, vision, staged, BUDGET // 2)
+    assert 0 < tight <= plan.summary()["batches"]
+
+
+def test_exact_over_prices_the_heaviest_member_not_the_one_with_most_text() -> None:
+    setup = TrainSetup(vision_checkpointing="full", backbone_checkpointing="full")
+    staged = StagedCostModel(StagedModel.preset("qwen2-vl-2b"), setup, gpu="H100-SXM")
+    # one bucket: a text-only sample with the most text, and a longer one that is mostly images
+    samples = [Sample(text_tokens=2000), Sample(images=8, height=448, width=448, text_tokens=100)]
+    lengths, vision = np.array([2000, 2148]), np.array([0, 2048])
+    plan = plan_buckets_2d(lengths, vision, StagedLengthModel(staged), BUDGET, max_buckets=1)
+    (bucket,) = plan.buckets
+    heavy = staged.memory(bucket.batch_size, samples[1]).peak_bytes
+    assert heavy > staged.memory(bucket.batch_size, samples[0]).peak_bytes
+    assert bench_2d.exact_over(plan, samples, lengths, vision, staged, heavy) == 0
+    assert bench_2d.exact_over(plan, samples, lengths, vision, staged, heavy - 1) == bucket.batches == 1
 
 
 @pytest.mark.parametrize(("n_len", "n_vis"), [(8, 1), (4, 4), (2, 8)])
