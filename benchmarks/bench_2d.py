@@ -27,7 +27,7 @@ Qwen's two-frame temporal patch), and its own text, ``batch_size`` copies), is o
 the check that the worst-sample rounding of NOTE [ Two-dimensional buckets ] holds for real
 samples; for the peer, batches over the budget at their own rows and maxima (the oracle's check).
 
-    python benchmarks/bench_2d.py [--samples 50000] [--shapes 8 16 32]
+    python benchmarks/bench_2d.py [--samples 50000] [--shapes 8 16 32 64]
 """
 
 from __future__ import annotations
