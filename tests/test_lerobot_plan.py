@@ -217,3 +217,11 @@ def test_lerobot_plan_step_time_counts_each_policy_s_own_layers() -> None:
     # pi0: 18 backbone + 18 expert layers + 27 SigLIP blocks; SmolVLA: 16 VLM + 16 expert + 12 tower
     assert pi0.fixed_cost().kernels // (18 + 18 + 27) == smol.fixed_cost().kernels // (16 + 16 + 12)
     assert pi0.step_seconds(8, pi0.length(3)) > smol.step_seconds(8, smol.length(3)) > 0
+
+
+def test_lerobot_plan_smolvla_with_empty_cameras_prices_its_features_as_the_spec_counts() -> None:
+    # with empty_cameras a SmolVLA sample runs up to the config's features: the spec's upper bound
+    cost = PolicyLengthModel(LeRobotPolicy.preset("smolvla", image_features=3, empty_cameras=1), slots=2)
+    spec = cost.token_spec()
+    got = [breakdown_sample({"cameras": n, "frames": 1, "height": 96, "width": 96}, spec).total for n in (1, 2, 3)]
+    assert got == [cost.length(n) for n in (1, 2, 3)] == [291, 291, 291]

@@ -102,9 +102,11 @@ class PolicyLengthModel:
 
     def slots(self, present: int) -> int:
         """The camera slots the policy runs for a sample of ``present`` cameras (NOTE [ Camera slots ])."""
-        if self.policy.type == "smolvla":
-            return self.policy.slots(present)
-        return max(self.cameras, self.policy.slots(present))
+        p = self.policy
+        if p.type == "smolvla" and not p.empty_cameras:
+            return p.slots(present)
+        # pi0 / pi0.5 run every slot; SmolVLA padding empty cameras is priced at its features (the spec's bound)
+        return max(p.image_features or self.cameras, p.slots(present))
 
     def length(self, present: int) -> int:
         """The length of a sample with ``present`` cameras."""
