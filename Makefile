@@ -7,27 +7,33 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo lint typecheck bench clean
+.PHONY: setup test demo lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c requirements-dev.txt torch==2.13.0
-	$(PIP) install -q -c requirements-dev.txt -e '.[dev,wds,plot,hf,lightning,accelerate,transformers,peft,ray]'
+	$(PIP) install -q -c requirements-dev.txt -e '.[dev,docs,wds,plot,hf,lightning,accelerate,transformers,peft,ray]'
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples docs/*.py
+	$(BIN)/ruff format --check src tests benchmarks examples docs/*.py
 
 typecheck: setup
 	$(BIN)/mypy
 
+# the documentation site into site/ (mkdocs.yml): the generated pages checked against the code
+# (docs/gen_reference.py rewrites them), then a strict build: a broken link or reference fails it
+docs: setup
+	$(BIN)/python docs/gen_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 # the suite in TEST_WORKERS processes (pytest-xdist), then the tests that time real steps, alone
 TEST_WORKERS ?= 2
 
-test: lint typecheck
+test: lint typecheck docs
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
 
@@ -38,4 +44,4 @@ bench: setup
 	$(BIN)/python benchmarks/bench_breakdown.py
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .ruff_cache .mypy_cache tokenbucket-demo
+	rm -rf $(VENV) build dist site .pytest_cache .ruff_cache .mypy_cache tokenbucket-demo

@@ -1,6 +1,6 @@
 """Token breakdown throughput: the vectorised path vs a plain per-row Python loop.
 
-Command (what the README's table comes from):
+Command (what docs/benchmarks.md's table comes from):
 
     .venv/bin/python benchmarks/bench_breakdown.py    # 10M rows; the per-row loop runs the first 1M
     .venv/bin/python benchmarks/bench_breakdown.py --rows 1000000 --loop-rows 200000   # quicker
@@ -19,7 +19,7 @@ Rows measured:
 - ``bare formula loop``: the hard-coded formula for this one spec with no validation — the
   least any per-row loop can cost, for reference.
 
-Reference (2-core shared VM, 2026-12-02, 10M rows): see README.md "Benchmarks".
+Reference (2-core shared VM, 2026-12-02, 10M rows): see docs/benchmarks.md.
 """
 
 from __future__ import annotations

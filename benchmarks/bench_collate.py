@@ -3,7 +3,7 @@ LeRobot-shaped batch (4 cameras x 16 frames x 224 px, float32, plus state, actio
 index keys), stacked and patches layouts, against ``torch.utils.data.default_collate`` of the same
 items, in one run (ratios, since these machines are shared and absolute times drift).
 
-Command (what the README's table comes from):
+Command (what docs/benchmarks.md's table comes from):
 
     .venv/bin/python benchmarks/bench_collate.py [--batch-size 4] [--batches 5] [--repeats 5]
 

@@ -1,6 +1,6 @@
 """Accuracy of the analytic cost model against the fake-tensor profiler, over a sweep.
 
-Command (what the README's table comes from):
+Command (what docs/cost-model.md's table comes from):
 
     .venv/bin/python benchmarks/bench_cost_model.py            # 4 layers, 720 points, ~5 min
     .venv/bin/python benchmarks/bench_cost_model.py --quick    # a corner sample

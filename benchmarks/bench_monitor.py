@@ -2,7 +2,7 @@
 monitor off, and on with each sink, in one run (ratios and per-step differences, since these
 machines are shared and absolute times drift).
 
-Command (what the README's table comes from):
+Command (what docs/benchmarks.md's table comes from):
 
     .venv/bin/python benchmarks/bench_monitor.py [--steps 10000] [--repeats 5]
 

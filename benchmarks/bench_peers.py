@@ -1,6 +1,6 @@
 """Side by side with the peers: one workload, one cost model, every strategy scored by the same code.
 
-Command (what the README's peer table comes from; the peers come with the ``bench`` extra):
+Command (what docs/benchmarks.md's peer table comes from; the peers come with the ``bench`` extra):
 
     .venv/bin/pip install -c requirements-dev.txt -e '.[bench]'
     .venv/bin/python benchmarks/bench_peers.py            # ~5 min on the 2-core VM

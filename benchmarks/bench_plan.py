@@ -1,6 +1,6 @@
 """Planner quality and speed, and manifest building throughput.
 
-Command (what the README's tables come from):
+Command (what docs/benchmarks.md's tables come from):
 
     .venv/bin/python benchmarks/bench_plan.py                 # ~3 min
     .venv/bin/python benchmarks/bench_plan.py --rows 2000000  # quicker throughput rows

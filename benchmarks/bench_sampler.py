@@ -1,7 +1,7 @@
 """One epoch of BucketBatchSampler at 2M and 10M samples, and lhotse's DynamicBucketingSampler
 at 2M in the same run.
 
-Command (what the README's table comes from):
+Command (what docs/benchmarks.md's table comes from):
 
     .venv/bin/python benchmarks/bench_sampler.py          # needs `pip install -e '.[bench]'` for lhotse
 

@@ -4,7 +4,7 @@ Command (reads ``tests/data/hf_truth.json``, or the files given; no GPU, a secon
 
     .venv/bin/python benchmarks/bench_staged_cost.py
     .venv/bin/python benchmarks/bench_staged_cost.py /tmp/tb/truth/part_*.json
-    .venv/bin/python benchmarks/bench_staged_cost.py --summary   # the README's table
+    .venv/bin/python benchmarks/bench_staged_cost.py --summary   # docs/cost-model.md's table
 
 Prints a markdown table (arch x train x sharding x shape: predicted and measured GiB per rank,
 error %) and the worst over- and under-prediction. A video point (clips of frames) is priced as
@@ -192,7 +192,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="*", type=Path, help="truth files (default: the fixture)")
     parser.add_argument("--summary", action="store_true", help="one row per arch x training x sharding")
-    parser.add_argument("--by-step", action="store_true", help="one row per family x loop x kernels (the README's)")
+    parser.add_argument("--by-step", action="store_true", help="one row per family x loop x kernels (docs/cost-model.md's)")
     args = parser.parse_args(argv)
     if args.by_step:
         by_step_shape(args.paths or [FIXTURE])

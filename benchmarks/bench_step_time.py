@@ -1,6 +1,6 @@
 """Step time you can trust: what the fixed costs change, and how well calibration recovers a run.
 
-Command (the README's step-time tables; ~3 min on the 2-core VM):
+Command (docs/benchmarks.md's step-time tables; ~3 min on the 2-core VM):
 
     .venv/bin/python benchmarks/bench_step_time.py            # all three parts
     .venv/bin/python benchmarks/bench_step_time.py plans      # or one: plans | synthetic | demo

@@ -1,6 +1,6 @@
 """The webdataset stage against a plain ``.batched()`` pipeline on the same shards, in one run.
 
-Command (what the README's table comes from):
+Command (what docs/benchmarks.md's table comes from):
 
     .venv/bin/python benchmarks/bench_stream.py [--samples 20000] [--shards 20] [--repeats 3]
 

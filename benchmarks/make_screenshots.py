@@ -1,4 +1,4 @@
-"""The two pictures the README shows, made from real runs of the library (nothing drawn by hand).
+"""The two plots docs/guides/workflow.md shows, made from real runs of the library (nothing drawn by hand).
 
 Command (what docs/img/ holds):
 
@@ -39,7 +39,7 @@ from tokenbucket.testing import mixture_a
 from tokenbucket.tokens.spec import TokenSpec
 
 MAX_BYTES = 150 * 1024
-DPI = 90  # small files that still read well at the README's width
+DPI = 90  # small files that still read well at the page's width
 
 
 def _save(fig: Figure, path: Path) -> int:

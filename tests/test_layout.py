@@ -1,6 +1,6 @@
 """The package's shape: imports run down the stages, no circles, few deferred imports, small modules.
 
-The rule (README "Architecture"): a module imports only from its own stage or from stages below
+The rule (docs/architecture.md): a module imports only from its own stage or from stages below
 it in ``STAGES``; the shared bottom (errors, value checks, the search, config files, the seeded
 workloads) imports nothing above it. Function-level imports are counted too (they are how a
 circle hides), and imports under ``if TYPE_CHECKING:`` obey the same rule.

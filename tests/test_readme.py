@@ -1,16 +1,20 @@
-"""Every ```python and ```bash block of README.md, run as written in a fresh folder.
+"""Every ```python and ```bash block of README.md and of every page of the site (docs/**/*.md), run as
+written in a fresh folder.
 
 The folder holds what the README assumes a reader has: ``metadata.parquet`` (and ``metadata/``
 of part files) with realistic multi-camera columns, a ``tokenbucket.toml``, ``examples/`` and
 LeRobot folders ``datasets/<name>`` built from the real ``info.json`` files of
-shared/data/lerobot. Python blocks of one section (the text under one heading) share one
-namespace in order, as a reader runs them; a section whose prose takes names from earlier ones
+shared/data/lerobot. A section is a page and a heading (``docs/trainers/lightning.md#Under
+Lightning``); Python blocks of one section share one namespace in order, as a reader runs them;
+a section whose prose takes names from earlier ones
 ("with ``data``, ``cost`` ... as above") gets them from a small setup here, built with the
 examples' own functions. A statement followed by ``# <value>`` must evaluate to that value.
 Bash blocks run command by command through bash with the real ``tokenbucket`` script on PATH:
 each exits 0, a ``# {...}`` line after a command is its JSON output (``[...]`` matches
 anything), and every ``--out`` / ``--save`` / ``--plot`` it names exists afterwards.
-A block preceded by ``<!-- no-run: reason -->`` is not run (at most 3, each with a reason).
+A block preceded by ``<!-- no-run: reason -->`` is not run (at most 3 in all, each with a reason).
+A page that shows README.md's text (``--8<-- "README.md:two-commands"``, pymdownx.snippets) holds no
+fence of its own there: the block is README.md's, run once.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# the front door, then the site's pages in a fixed order (docs/reference/ is generated: ```text only)
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 EXAMPLES = ROOT / "examples"
 BIN = Path(sys.executable).parent  # .venv/bin: the console script `tokenbucket` lives beside python
 sys.path.insert(0, str(EXAMPLES))
@@ -52,7 +58,7 @@ def example(name: str) -> ModuleType:
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced block: its section, its place in the section, its first code line in README.md."""
+    """One fenced block: its page, its section, its place in the section, its first code line in the page."""
 
     section: str
     index: int
@@ -60,15 +66,21 @@ class Block:
     code: str
     line: int
     no_run: str | None
+    page: str = "README.md"  # relative to the repository root
+
+    @property
+    def where(self) -> str:
+        """``page#heading``: the section a reader runs in one go (what SETUPS is keyed by)."""
+        return f"{self.page}#{self.section}"
 
     @property
     def name(self) -> str:
         slug = re.sub(r"[^a-z0-9]+", "-", self.section.lower()).strip("-")
-        return f"{slug}-{self.index}"
+        return f"{self.page.removesuffix('.md')}#{slug}-{self.index}"
 
 
-def readme_blocks(text: str) -> list[Block]:
-    """The ```python and ```bash blocks (```text, bare fences and tables are not code)."""
+def readme_blocks(text: str, page: str = "README.md") -> list[Block]:
+    """The ```python and ```bash blocks of one page (```text, bare fences and tables are not code)."""
     blocks: list[Block] = []
     lines = text.splitlines()
     section, counts, i = "", dict[str, int](), 0
@@ -85,24 +97,26 @@ def readme_blocks(text: str) -> list[Block]:
                 index = counts.get(section, 0)
                 counts[section] = index + 1
                 code = "\n".join(lines[i + 1 : end]) + "\n"
-                blocks.append(Block(section, index, lang, code, i + 2, marker[1].strip() if marker else None))
+                no_run = marker[1].strip() if marker else None
+                blocks.append(Block(section, index, lang, code, i + 2, no_run, page))
             i = end
         i += 1
     return blocks
 
 
-BLOCKS = readme_blocks(README.read_text())
+BLOCKS = [b for page in PAGES for b in readme_blocks(page.read_text(), page.relative_to(ROOT).as_posix())]
 RUN = [b for b in BLOCKS if b.no_run is None]
 # the cases that take more than ~3 s (a trainer, a profile on fake tensors, a subprocess)
 SLOW = {
-    "will-it-fit-1",
-    "feed-a-dataloader-0",
-    "under-lightning-0",
-    "under-the-hugging-face-trainer-0",
-    "under-torchrun-elastic-0",
-    "cli-0",
-    "beyond-one-machine-the-ray-engine-0",
-    "measure-a-real-model-instead-profile-hf-config-0",
+    "README#quickstart-0",
+    "docs/cost-model#will-it-fit-1",
+    "docs/trainers/plain#feed-a-dataloader-0",
+    "docs/trainers/lightning#under-lightning-0",
+    "docs/trainers/hf-trainer#under-the-hugging-face-trainer-0",
+    "docs/trainers/plain#under-torchrun-elastic-0",
+    "docs/cli#cli-0",
+    "docs/guides/platform#beyond-one-machine-the-ray-engine-0",
+    "docs/guides/vlm#measure-a-real-model-instead-profile-hf-config-0",
 }
 # blocks that time real training steps on this machine and fit them (`tokenbucket calibrate` on the
 # demo's CPU run): a neighbour on the cores can flatten the times it fits, so they run alone
@@ -302,16 +316,18 @@ def setup_cli(ws: Workspace) -> None:
     example("train_tiny").main(steps=4, log=Path("runs/run.jsonl"))
 
 
+# keyed by Block.where: the page and the heading whose prose says what it takes from elsewhere
 SETUPS: dict[str, Callable[[Namespace], None]] = {
-    "Feed a DataLoader": tiny_setup,
-    "Under Lightning": setup_lightning,
-    "Under Accelerate": setup_accelerate,
-    "Under the Hugging Face Trainer": setup_hf_trainer,
-    "Batches a VLA or VLM model eats": setup_vla,
-    "Pack instead of pad": setup_packing,
-    "Stream webdataset shards": setup_stream,
-    "Monitor the run": setup_monitor,
+    "docs/trainers/plain.md#Feed a DataLoader": tiny_setup,
+    "docs/trainers/lightning.md#Under Lightning": setup_lightning,
+    "docs/trainers/accelerate.md#Under Accelerate": setup_accelerate,
+    "docs/trainers/hf-trainer.md#Under the Hugging Face Trainer": setup_hf_trainer,
+    "docs/guides/vla.md#Batches a VLA or VLM model eats": setup_vla,
+    "docs/guides/workflow.md#Pack instead of pad": setup_packing,
+    "docs/guides/video.md#Stream webdataset shards": setup_stream,
+    "docs/guides/workflow.md#Monitor the run": setup_monitor,
 }
+CLI = "docs/cli.md#CLI"  # its `report runs/run.jsonl` reads a monitor log: setup_cli writes one
 
 
 # ----------------------------------------------------------------------------------------------
@@ -345,8 +361,8 @@ def comments(code: str) -> dict[int, str]:
 
 
 def statements(block: Block) -> list[tuple[ast.stmt, object | None]]:
-    """The block's top-level statements (line numbers as in README.md), each with its stated value."""
-    tree = ast.parse(block.code, filename=str(README))
+    """The block's top-level statements (line numbers as in its page), each with its stated value."""
+    tree = ast.parse(block.code, filename=block.page)
     notes = comments(block.code)
     out: list[tuple[ast.stmt, object | None]] = []
     for stmt in tree.body:
@@ -363,10 +379,10 @@ def run_python(block: Block, ns: Namespace) -> int:
     checked = 0
     for stmt, expected in statements(block):
         if expected is None:
-            exec(compile(ast.Module([stmt], []), str(README), "exec"), ns)
+            exec(compile(ast.Module([stmt], []), block.page, "exec"), ns)
             continue
-        value = eval(compile(ast.Expression(stmt.value), str(README), "eval"), ns)  # type: ignore[attr-defined]
-        assert value == expected, f"README.md:{stmt.lineno}: {value!r}, the README says {expected!r}"
+        value = eval(compile(ast.Expression(stmt.value), block.page, "eval"), ns)  # type: ignore[attr-defined]
+        assert value == expected, f"{block.page}:{stmt.lineno}: {value!r}, the page says {expected!r}"
         checked += 1
     return checked
 
@@ -429,12 +445,12 @@ def run_bash(block: Block, ws: Workspace) -> int:
             ["bash", "-c", command], cwd=ws.folder, env=env, capture_output=True, text=True, timeout=600
         )
         assert proc.returncode == 0, (
-            f"README.md block {block.name}: `{command}` exit {proc.returncode}\n{proc.stderr[-3000:]}"
+            f"{block.page} block {block.name}: `{command}` exit {proc.returncode}\n{proc.stderr[-3000:]}"
         )
         if stated is not None:
             wanted = json.loads(stated.replace("[...]", "null"))
             assert matches(json.loads(proc.stdout), wanted), (
-                f"`{command}` printed {proc.stdout}, the README says {stated}"
+                f"`{command}` printed {proc.stdout}, {block.page} says {stated}"
             )
             checked += 1
         for path in outputs(command):
@@ -457,8 +473,27 @@ def run_bash(block: Block, ws: Workspace) -> int:
 
 
 def test_readme_blocks_are_found_and_no_run_markers_say_why() -> None:
-    sections = {b.section for b in BLOCKS}
-    assert len(BLOCKS) >= 15 and {"Quickstart", "CLI", "Under torchrun (elastic)"} <= sections
+    sections = {b.where for b in BLOCKS}
+    assert (
+        len(BLOCKS) >= 29
+        and {
+            "README.md#Quickstart",
+            "docs/getting-started.md#Quickstart",
+            CLI,
+            "docs/trainers/plain.md#Under torchrun (elastic)",
+        }
+        <= sections
+    )
+    # every page of the site is read, and every page but the generated ones and the home page has code
+    assert {b.page for b in BLOCKS} >= {p.relative_to(ROOT).as_posix() for p in PAGES} - {
+        "docs/index.md",
+        "docs/limits.md",
+        "docs/architecture.md",
+        "docs/benchmarks.md",
+        "docs/reference/cli.md",
+        "docs/reference/api.md",
+        "docs/reference/notes.md",
+    }
     skipped = [b for b in BLOCKS if b.no_run is not None]
     assert len(skipped) <= 3, [b.name for b in skipped]
     for b in skipped:
@@ -469,7 +504,7 @@ def test_readme_blocks_are_found_and_no_run_markers_say_why() -> None:
 def test_readme_the_serial_pass_has_its_tests() -> None:
     """``make test`` ends with ``pytest -m serial``, which exits 5 (a failure) when it selects nothing:
     the blocks that calibrate the demo's real CPU run are the ones it runs alone."""
-    assert SERIAL == {"cli-0", "step-time-calibrate-from-the-run-replan-0"}, SERIAL
+    assert SERIAL == {"docs/cli#cli-0", "docs/guides/workflow#step-time-calibrate-from-the-run-replan-0"}, SERIAL
     assert all(b.name not in SERIAL or ("tokenbucket demo" in b.code) for b in RUN)
 
 
@@ -482,7 +517,7 @@ def test_readme_stated_outputs_are_found() -> None:
 
 def test_readme_a_failing_block_fails() -> None:
     bad = Block("x", 0, "python", "1 + 1   # 3\n", 1, None)
-    with pytest.raises(AssertionError, match="the README says 3"):
+    with pytest.raises(AssertionError, match="the page says 3"):
         run_python(bad, {})
     with pytest.raises(NameError):
         run_python(Block("x", 0, "python", "undefined_name\n", 1, None), {})
@@ -507,14 +542,14 @@ def test_readme_a_failing_block_fails() -> None:
 def test_readme_block_runs_as_written(block: Block, workspace: Workspace) -> None:
     inputs = snapshot(workspace.folder / "datasets") | snapshot(workspace.folder / "metadata")
     if block.lang == "bash":
-        if block.section == "CLI":
+        if block.where == CLI:
             setup_cli(workspace)
         run_bash(block, workspace)
     else:
         ns: Namespace = {"__name__": "readme"}
-        if block.section in SETUPS:
-            SETUPS[block.section](ns)
-        for earlier in (b for b in RUN if b.section == block.section and b.index < block.index):
+        if block.where in SETUPS:
+            SETUPS[block.where](ns)
+        for earlier in (b for b in RUN if b.where == block.where and b.index < block.index):
             run_python(earlier, ns)  # the section's blocks before this one, as a reader runs them
         run_python(block, ns)
         check_after(block, ns, workspace)
@@ -529,10 +564,13 @@ def check_after(block: Block, ns: Namespace, ws: Workspace) -> None:
         assert manifest.table.num_rows == n  # type: ignore[attr-defined]  # every sample: in a bucket or rejected
     if "lerobot_mixture" in block.code:
         check_lerobot_manifest(Path("lerobot-manifest.parquet"), ws.frames, ["svla_so100_pickplace", "libero"])
-    if block.section == "Quickstart" and block.index == 0:
+    if block.where == "docs/getting-started.md#Quickstart" and block.index == 0:
         assert ns["result"].table.num_rows + ns["result"].rejected.num_rows == n  # type: ignore[attr-defined]
-    if block.section == "Pack instead of pad":
+    if block.where == "README.md#Quickstart":  # a batch of the plan, within its budget
+        info = ns["batch"]["info"]  # type: ignore[index]
+        assert ns["batch"]["tokens"].shape[-1] == 8 and info.predicted_peak_bytes <= ns["plan"].budget_bytes  # type: ignore[index, attr-defined]
+    if block.where == "docs/guides/workflow.md#Pack instead of pad":
         assert ns["model_calls"], "the packed loader gave no batch"
-    if block.section == "Monitor the run":
+    if block.where == "docs/guides/workflow.md#Monitor the run":
         steps = [json.loads(x) for x in Path("runs/run.jsonl").read_text().splitlines()]
         assert sum(e["event"] == "step" for e in steps) == len(ns["loader"])  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ Each module (``qwen2_vl.py``, ``idefics3.py``, ...) defines ``FAMILY``, a
 :class:`~tokenbucket.models._base.Family` holding everything about that family: reading its
 ``config.json`` and ``preprocessor_config.json``, its exact token count per image, its stages
 for the cost model and its inputs for the measured mode. Adding a family is one new module,
-one line per ``model_type`` in ``_registry.MODULES`` and its truth points (README: "Adding a
+one line per ``model_type`` in ``_registry.MODULES`` and its truth points (docs/architecture.md: "Adding a
 model family").
 
 Example:
