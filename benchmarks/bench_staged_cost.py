@@ -192,7 +192,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="*", type=Path, help="truth files (default: the fixture)")
     parser.add_argument("--summary", action="store_true", help="one row per arch x training x sharding")
-    parser.add_argument("--by-step", action="store_true", help="one row per family x loop x kernels (docs/cost-model.md's)")
+    parser.add_argument("--by-step", action="store_true", help="one row per family x loop x kernels (the site's)")
     args = parser.parse_args(argv)
     if args.by_step:
         by_step_shape(args.paths or [FIXTURE])
