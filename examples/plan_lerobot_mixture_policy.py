@@ -24,8 +24,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from tokenbucket.cost.gpus import get_gpu, gpu_budget_bytes
 from tokenbucket.cost.lerobot_plan import PolicyLengthModel
 from tokenbucket.cost.lerobot_policy import LeRobotPolicy
@@ -64,12 +62,7 @@ def demo_mixture(root: Path, shared: Path = SHARED) -> list[Path]:
 def plan(roots: list[Path], policy: LeRobotPolicy, gpu: str = GPU) -> tuple[BucketPlan, PolicyLengthModel]:
     """The mixture's buckets and batch sizes for ``policy`` on ``gpu`` (one frame per camera)."""
     rows = lerobot_mixture([read_lerobot_metadata(r) for r in roots])
-    cams = rows.column("cameras").combine_chunks().flatten()
-    areas = np.asarray(cams.field("height")) * np.asarray(cams.field("width"))
-    i = int(np.argmax(areas))
-    frame = (int(cams.field("height")[i].as_py()), int(cams.field("width")[i].as_py()))
-    slots = max(len(c) for c in rows.column("cameras").to_pylist())
-    cost = PolicyLengthModel(policy, slots=slots, frame=frame, gpu=gpu)
+    cost = PolicyLengthModel.for_rows(policy, rows, gpu=gpu)  # the most cameras, the largest frame
     lengths = breakdown_table(rows, cost.token_spec()).totals
     # the policy pads nothing: every bound is a sample's own length (NOTE [ A policy's lengths ])
     return plan_buckets(lengths, cost, gpu_budget_bytes(get_gpu(gpu)), multiple=1), cost

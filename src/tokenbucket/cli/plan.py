@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tokenbucket._exceptions import ConfigError, OversizeError, UsageError
@@ -67,6 +66,7 @@ from tokenbucket.cli._tables import _plan_json, _print_plan
 from tokenbucket.cost.calibration import CalibratedCostModel, Calibration, load_calibration
 from tokenbucket.cost.gpus import GPU
 from tokenbucket.cost.lerobot_plan import PolicyLengthModel
+from tokenbucket.cost.lerobot_policy import LeRobotPolicy
 from tokenbucket.cost.measured import MeasuredCostModel, ProfiledCostModel, SteppedCostModel, read_profile
 from tokenbucket.cost.memory import CostModel
 from tokenbucket.cost.model import ModelSpec
@@ -568,26 +568,21 @@ _POLICY_REFUSED = (
 )  # fmt: skip
 
 
-def _policy_shape(rows: Path) -> tuple[int, tuple[int, int]]:
-    """The most cameras a sample holds and the largest camera frame, of ``--lerobot``'s rows; a
-    camera of more than one frame is refused (the policies read one frame per camera)."""
+def _policy_cost(rows: Path, policy: LeRobotPolicy, gpu: GPU | None) -> PolicyLengthModel:
+    """The policy's cost model for ``--lerobot``'s rows; a dataset without cameras, or a camera of
+    more than one frame, is refused (the policies read one frame per camera)."""
     table = pq.read_table(rows, columns=["key", "cameras"])
-    cams = table.column("cameras").combine_chunks()
-    flat = cams.flatten()
+    flat = table.column("cameras").combine_chunks().flatten()
     if not len(flat):
         raise UsageError("--lerobot-policy needs cameras, but the --lerobot datasets give none (see --cameras)")
-    counts = pc.list_value_length(cams).to_numpy(zero_copy_only=False)
     frames = flat.field("frames").to_numpy(zero_copy_only=False)
-    if frames.size and frames.max() > 1:
+    if frames.max() > 1:
         i = int(np.argmax(frames))
         raise UsageError(
             f"--lerobot-policy reads one frame per camera (LeRobot's n_obs_steps=1), but --delta-timestamps gives "
             f"{flat.field('name')[i].as_py()} {int(frames[i])} frames: give the camera keys one offset (or none)"
         )
-    h = flat.field("height").to_numpy(zero_copy_only=False)
-    w = flat.field("width").to_numpy(zero_copy_only=False)
-    i = int(np.argmax(h.astype(np.int64) * w))
-    return int(counts.max()), (int(h[i]), int(w[i]))
+    return PolicyLengthModel.for_rows(policy, table, gpu=gpu)
 
 
 def _run_policy(args: argparse.Namespace) -> int:
@@ -613,8 +608,7 @@ def _run_policy(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="tokenbucket-plan-") as tmp:
         rows = Path(tmp) / "lerobot-rows.parquet"
         meta["lerobot"] = _lerobot_metadata(args, rows)
-        slots, frame = _policy_shape(rows)
-        cost = PolicyLengthModel(policy, slots=slots, frame=frame, gpu=gpu)
+        cost = _policy_cost(rows, policy, gpu)
         meta["model"] = cost.record()
         try:
             manifest = build_manifest(
@@ -638,7 +632,7 @@ def _run_policy(args: argparse.Namespace) -> int:
     print(
         f"LeRobot {policy.type} ({'expert only' if policy.train_expert_only else 'frozen tower' if policy.freeze_vision_encoder else 'full'}): "
         f"{m['image_tokens']} tokens per camera slot + {m['fixed_tokens']} (language padded to "
-        f"{policy.tokenizer_max_length}, state, {policy.chunk_size}-step chunk); frames up to {frame[0]}x{frame[1]}"
+        f"{policy.tokenizer_max_length}, state, {policy.chunk_size}-step chunk); frames up to {cost.frame[0]}x{cost.frame[1]}"
     )
     for row in per_bucket:
         print(

@@ -20,6 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.gpus import GPU, get_gpu
 from tokenbucket.cost.lerobot_policy import _GEMMA, _SIGLIP_SO400M, _SMOLVLM2_500M, LeRobotPolicy
@@ -88,6 +92,20 @@ class PolicyLengthModel:
         self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
         self.step_time: StepTime | None = StepTime.for_gpu(self.gpu) if self.gpu is not None else None
         self._memo: dict[tuple[int, int], PolicyEstimate] = {}
+
+    @classmethod
+    def for_rows(cls, policy: LeRobotPolicy, rows: pa.Table, *, gpu: str | GPU | None = None) -> PolicyLengthModel:
+        """The model for LeRobot rows (``lerobot_rows`` / ``lerobot_mixture``): the most cameras a
+        sample holds and the largest camera frame (by area) of ``rows``."""
+        cams = rows.column("cameras").combine_chunks()
+        flat = cams.flatten()
+        if not len(flat):
+            raise ConfigError("a LeRobot policy needs cameras, but the rows hold none")
+        h = flat.field("height").to_numpy(zero_copy_only=False).astype(np.int64)
+        w = flat.field("width").to_numpy(zero_copy_only=False).astype(np.int64)
+        i = int(np.argmax(h * w))
+        slots = int(pc.max(pc.list_value_length(cams)).as_py())
+        return cls(policy, slots=slots, frame=(int(h[i]), int(w[i])), gpu=gpu)
 
     def __repr__(self) -> str:
         return f"PolicyLengthModel({self.policy.type}, slots={self.cameras}, frame={self.frame})"
