@@ -104,6 +104,22 @@ def test_plan_packing_2d_every_batch_within_budget_every_sample_packed_once(pack
     assert s["rank_imbalance"] <= 0.03 and 0.9 < s["llm_efficiency"] <= 1
 
 
+def test_packed_epoch_stays_above_the_packing_floor(packed_model: StagedPackedModel) -> None:
+    # NOTE [ The packing floor ] (benchmarks/bench_packing_2d.py): a packed batch costs at least
+    # its members' own FLOPs at saturated utilisation, so the epoch stays above
+    # sum(FLOPs alone) / (W x peak x mfu), and on this mixture close to it
+    loads = packed_model.loads(_samples(600, 1))
+    plan = plan_packing_2d(loads, packed_model, BUDGET, world_size=4)
+    st = packed_model.step_cost().step_time
+    assert st is not None
+    floor = float(loads.flops.sum()) / (st.peak_flops * st.mfu) / 4
+    assert all(
+        plan.seconds[k] >= float(loads.flops[np.concatenate(b)].sum()) / (st.peak_flops * st.mfu)
+        for k, b in enumerate(plan.batches)
+    )
+    assert floor < plan.summary(loads)["predicted_epoch_seconds"] < 1.1 * floor
+
+
 def test_plan_packing_2d_rejects_what_fits_not_even_alone_with_its_reason(packed_model: StagedPackedModel) -> None:
     huge = Sample(text_tokens=200_000)
     samples = [*_samples(50, 1), huge]
