@@ -24,14 +24,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from tokenbucket import models
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.cost.gpus import GPU
+from tokenbucket.cost.gpus import GPU, GPUS
+from tokenbucket.cost.hf_model import STAGED_PRESETS, StagedModel, staged_from_config
 from tokenbucket.cost.memory import FlopsEstimate
-from tokenbucket.cost.staged import Sample, StagedCostModel, StagedEstimate
+from tokenbucket.cost.staged import Sample, StagedCostModel, StagedEstimate, TrainSetup, preset_config
 from tokenbucket.cost.step_time import (
     KERNELS_PER_BLOCK,
     FixedCost,
@@ -40,6 +42,7 @@ from tokenbucket.cost.step_time import (
     comm_bytes,
     optimizer_io_bytes,
 )
+from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.tokens.breakdown import breakdown_table
 from tokenbucket.tokens.metadata import iter_metadata_batches
 from tokenbucket.tokens.spec import TokenSpec
@@ -149,6 +152,65 @@ class StagedLengthModel:
 
     def __repr__(self) -> str:
         return f"StagedLengthModel({self.cost!r}, vision_share={self.vision_share}, image={self.image})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """What rebuilds this model elsewhere, JSON-ready (:meth:`from_dict`; NOTE [ A two-dimensional
+        dynamic manifest ]): the staged model as its preset's name, or as the config it was read from
+        (``config.json``, the preprocessor and video processor tables: the training machine need not
+        hold the files), the training setup, the image and the vision share, and the GPU's name
+        when it is a registry GPU (step times; memory does not depend on it).
+
+        Raises:
+            ConfigError: the staged model is neither a preset nor its config's (built by hand).
+        """
+        model, config = self.cost.model, self.cost.config
+        source: dict[str, Any] = {"name": model.name}
+        if STAGED_PRESETS.get(model.name) == model:
+            source["preset"] = model.name
+        elif config is None or staged_from_config(config, model.name) != model:
+            raise ConfigError(
+                f"staged model {model.name!r} is neither a preset nor read from a config.json, so it cannot be "
+                f"written down to be rebuilt; pass the cost model itself where it is needed"
+            )
+        if config is not None and config != preset_config(model):  # (a preset's own is rebuilt with it)
+            source["config"] = {"path": config.path, "config": config.config, "preprocessor": config.preprocessor,
+                                "video": config.video}  # fmt: skip
+        gpu = self.cost.gpu
+        return {
+            "kind": "staged_length",
+            **source,
+            "setup": dataclasses.asdict(self.cost.setup),
+            "gpu": gpu.name if gpu is not None and GPUS.get(gpu.name) == gpu else None,
+            "image": None if self.image is None else list(self.image),
+            "vision_share": self.vision_share,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StagedLengthModel:
+        """The model :meth:`to_dict` wrote down.
+
+        Raises:
+            ConfigError: ``data`` is not such a record (one line naming what is wrong).
+        """
+        try:
+            if data.get("kind") != "staged_length":
+                raise ConfigError(f"kind should be 'staged_length', but got {data.get('kind')!r}")
+            config: HFConfig | None = None
+            if data.get("config") is not None:
+                c = data["config"]
+                config = HFConfig(str(c["path"]), dict(c["config"]), dict(c["preprocessor"]), c["video"])
+            if "preset" in data:
+                model = StagedModel.preset(data["preset"])
+            elif config is not None:
+                model = staged_from_config(config, str(data["name"]))
+            else:
+                raise ConfigError("it names neither a preset nor a config")
+            cost = StagedCostModel(model, TrainSetup(**data["setup"]), data.get("gpu"), config=config)
+            image = data.get("image")
+            return cls(cost, vision_share=float(data["vision_share"]), image=None if image is None else
+                       (int(image[0]), int(image[1])))  # fmt: skip
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:  # ConfigError is a ValueError
+            raise ConfigError(f"not a staged length model's record: {exc}") from None
 
     @property
     def gpu(self) -> GPU | None:

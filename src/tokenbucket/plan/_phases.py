@@ -36,14 +36,17 @@ def make_plan(
     step = progress_bar(1, desc="2/3 planning", unit="step", enabled=progress)
     try:
         if vision is not None:
-            if isinstance(lengths, LengthHistogram) or mode != "static":
-                raise ConfigError(f"a 2D plan is static and needs every sample's lengths, but got mode={mode!r}")
+            if isinstance(lengths, LengthHistogram) or mode not in ("static", "dynamic"):
+                raise ConfigError(
+                    f"a 2D plan is static or dynamic and needs every sample's lengths, but got mode={mode!r}"
+                )
             plan = plan_buckets_2d(
                 lengths,
                 vision,
                 cost,  # type: ignore[arg-type]
                 budget_bytes,
                 max_buckets=max_buckets,
+                mode=mode,  # type: ignore[arg-type]
                 on_oversize=on_oversize,  # type: ignore[arg-type]
                 meta=meta,
             )

@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
@@ -48,7 +49,15 @@ from tokenbucket._search import largest_fitting
 from tokenbucket.plan._search import MemoryTotal, OversizeSampleError
 from tokenbucket.plan.bucket_plan import Bucket, BucketPlan
 
-__all__ = ["SupportsCost2D", "dynamic_batches_2d", "plan_buckets_2d", "sorted_oracle", "step_cost_2d"]
+__all__ = [
+    "DYNAMIC_2D_KEY",
+    "SupportsCost2D",
+    "dynamic_batches_2d",
+    "dynamic_record",
+    "plan_buckets_2d",
+    "sorted_oracle",
+    "step_cost_2d",
+]
 
 
 class SupportsCost2D(Protocol):
@@ -226,6 +235,9 @@ def plan_buckets_2d(
             ``pool_batches`` cuts exactly (the DP still prices the buckets' static shapes, as in 1D).
         pool_batches: dynamic mode: batches per shuffled, sorted pool.
         seed: dynamic mode: the pools' shuffle (epoch 0 of the sampler's at this seed).
+            A dynamic plan records both, with the cost model's ``to_dict()`` where it has one, in
+            ``meta["dynamic_2d"]`` (:func:`dynamic_record`), so a manifest of it re-cuts its
+            epochs alone (NOTE [ A two-dimensional dynamic manifest ]).
 
     Raises:
         OversizeError: with ``on_oversize="error"``, when some sample does not fit alone.
@@ -309,7 +321,26 @@ def plan_buckets_2d(
 
     bounds, vbounds, sizes = _solve(cl, cv, bsz, step, a_of, c_of, max_buckets, levels)
     dynamic = (pool_batches, int(seed)) if mode == "dynamic" else None
+    if dynamic is not None:  # NOTE [ A two-dimensional dynamic manifest ]: what re-cuts its epochs
+        meta = {**(meta or {}), DYNAMIC_2D_KEY: dynamic_record(cost_model, pool_batches, int(seed))}
     return _describe_2d(bounds, vbounds, sizes, ln, vi, cost_model, budget_bytes, oversize, meta, dynamic)
+
+
+DYNAMIC_2D_KEY = "dynamic_2d"  # a 2D dynamic plan's meta: how its batches are cut (dynamic_record)
+
+
+def dynamic_record(cost_model: object, pool_batches: int, seed: int) -> dict[str, Any]:
+    """What a 2D dynamic plan records of its cut in its ``meta`` (NOTE [ A two-dimensional dynamic
+    manifest ]): ``pool_batches``, ``seed`` and the cost model's ``to_dict()`` (``None`` when it has
+    none, or cannot write itself down: then the sampler needs the model passed in)."""
+    to_dict = getattr(cost_model, "to_dict", None)
+    record = None
+    if callable(to_dict):
+        try:
+            record = json.loads(json.dumps(to_dict()))
+        except (ConfigError, TypeError, ValueError):  # (not JSON: a record nobody could read back)
+            record = None
+    return {"pool_batches": int(pool_batches), "seed": int(seed), "cost_model": record}
 
 
 def _solve(

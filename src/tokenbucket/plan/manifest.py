@@ -345,8 +345,9 @@ def build_manifest(
         force: also replace an existing ``out`` that is a regular file but not a manifest
             (never a directory, never a metadata input).
         two_d: plan 2D buckets, bounding every sample's image tokens as well as its length
-            (:func:`~tokenbucket.plan.buckets_2d.plan_buckets_2d`; static mode, a cost model that
-            takes ``vision=``: NOTE [ Two-dimensional buckets ]).
+            (:func:`~tokenbucket.plan.buckets_2d.plan_buckets_2d`; a cost model that takes
+            ``vision=``: NOTE [ Two-dimensional buckets ]); ``mode="dynamic"`` stores what
+            re-cuts each epoch's batches (NOTE [ A two-dimensional dynamic manifest ]).
         multiple: a 1D plan's bounds are multiples of this (64: tensor-core friendly shapes; 1:
             every bound a sample's own length, for a model that never pads, as a LeRobot policy).
         assigned: with a given plan, where each valid row goes and the columns it adds, decided
@@ -370,8 +371,9 @@ def build_manifest(
     else:
         if budget_bytes is None:
             raise ConfigError("build_manifest with a cost model needs budget_bytes (or pass a BucketPlan)")
-        if two_d and mode != "static":
-            raise ConfigError(f"2D buckets are static shapes, but got mode={mode!r}")
+        if two_d and mode not in ("static", "dynamic"):
+            why = " (two-cap packing: build_packed_manifest_2d)" if mode == "packed" else ""
+            raise ConfigError(f"2D buckets are static or dynamic, but got mode={mode!r}{why}")
         vision: list[np.ndarray] | None = [] if two_d else None
         hist, raw = _count(
             paths,

@@ -42,7 +42,9 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDat
 from tokenbucket._exceptions import ConfigError, StateError
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.buckets_2d import SupportsCost2D
+from tokenbucket.plan.dynamic_manifest import dynamic_plan_of, is_dynamic_2d
 from tokenbucket.plan.manifest import Manifest
+from tokenbucket.plan.packed_manifest import is_two_cap
 from tokenbucket.train._dynamic import DynamicFill, DynamicFill2D, cut_dynamic, dynamic_mode
 from tokenbucket.train.batch import BatchInfo
 
@@ -512,29 +514,38 @@ class BucketBatchSampler(EpochPosition, RankAware, Sampler[list[int]]):
         manifest: Manifest,
         *,
         cost_model: PredictsMemory | SupportsCost2D | None = None,
-        pool_batches: int = 32,
+        pool_batches: int | None = None,
         **kwargs: Unpack[SamplerOptions],
     ) -> BucketBatchSampler:
         """A sampler over a :class:`~tokenbucket.plan.manifest.Manifest` (rows in dataset order).
 
-        A dynamic-mode manifest needs the ``cost_model`` it was planned with, to fill batches (a
-        2D one: a model that prices image tokens, e.g. ``StagedLengthModel``; its batches are cut
-        with ``pool_batches`` per pool, the plan's ``pool_batches`` to reproduce its predictions).
+        A 1D dynamic-mode manifest needs the ``cost_model`` it was planned with, to fill batches
+        (``pool_batches`` per pool, default 32). A 2D dynamic one (``tokenbucket plan --buckets 2d
+        --mode dynamic``) needs nothing more: it stores its cost model, ``pool_batches`` and seed
+        (NOTE [ A two-dimensional dynamic manifest ]), so epoch 0 is the plan's own batches and
+        later epochs are the in-memory sampler's; ``cost_model``, ``pool_batches`` and ``seed``
+        given replace the stored ones.
+
+        Raises:
+            ConfigError: a packed manifest (one line naming its sampler), a 1D dynamic one without
+                ``cost_model``, or a 2D dynamic one whose stored model cannot cut its batches.
         """
         plan = manifest.plan
         if plan.mode == "packed":
-            raise ConfigError("a packed manifest is read by tokenbucket.train.packing.PackedBatchSampler.from_manifest")
+            reader = "PackedBatchSampler2D" if is_two_cap(plan) else "PackedBatchSampler"
+            raise ConfigError(f"a packed manifest is read by {reader}.from_manifest, not BucketBatchSampler's")
         buckets = manifest.table.column("bucket").to_numpy()
-        if plan.mode == "dynamic":
+        if is_dynamic_2d(plan):  # NOTE [ A two-dimensional dynamic manifest ]
+            two = dynamic_plan_of(manifest, cost_model=cast("SupportsCost2D | None", cost_model))
+            pools = two.pool_batches if pool_batches is None else pool_batches
+            kwargs["dynamic"] = DynamicFill2D(two.lengths, two.vision, two.cost_model, two.budget_bytes, pools)
+            kwargs.setdefault("seed", two.seed)
+        elif plan.mode == "dynamic":
             if cost_model is None:
                 raise ConfigError("a dynamic-mode manifest needs cost_model= to fill its batches to the budget")
             totals = manifest.table.column("total").fill_null(0).to_numpy()
-            if plan.two_d:  # NOTE [ Two-dimensional dynamic batches ]: the model prices image tokens too
-                vision = manifest.table.column("vision").fill_null(0).to_numpy()
-                two = cast("SupportsCost2D", cost_model)
-                kwargs["dynamic"] = DynamicFill2D(totals, vision, two, plan.budget_bytes, pool_batches)
-            else:
-                kwargs["dynamic"] = DynamicFill(totals, cost_model, plan.budget_bytes, pool_batches)
+            pools = 32 if pool_batches is None else pool_batches
+            kwargs["dynamic"] = DynamicFill(totals, cost_model, plan.budget_bytes, pools)
         return cls(buckets, plan.batch_sizes.tolist(), plan_id=manifest.content_hash, **kwargs)
 
     # -- the epoch ---------------------------------------------------------------------------
