@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from tokenbucket.cli._common import _gib
 from tokenbucket.plan.bucket_plan import BucketPlan
+from tokenbucket.plan.buckets_2d import DYNAMIC_2D_KEY
 
 
 def _print_summary(summary: dict[str, Any], source: str, out: TextIO | None = None) -> None:
@@ -53,6 +54,22 @@ def _plan_json(plan: BucketPlan) -> dict[str, Any]:
         ],
         "summary": plan.summary(),
         "oversize": plan.oversize,
+        **_dynamic_2d_json(plan),
+    }
+
+
+def _dynamic_2d_json(plan: BucketPlan) -> dict[str, Any]:
+    """A 2D dynamic plan's cut in ``--json`` (NOTE [ A two-dimensional dynamic manifest ]): its pools,
+    seed and whether the cost model is stored (the record itself is in the manifest's footer)."""
+    if plan.mode != "dynamic" or not plan.two_d:
+        return {}
+    record = plan.meta.get(DYNAMIC_2D_KEY) or {}
+    return {
+        "dynamic_2d": {
+            "pool_batches": record.get("pool_batches"),
+            "seed": record.get("seed"),
+            "cost_model_stored": record.get("cost_model") is not None,
+        }
     }
 
 
@@ -91,6 +108,21 @@ def _print_plan(plan: BucketPlan, counts: Mapping[str, int] | None = None) -> No
             f"oversize: {o['count']:,} samples longer than {o['longest_fitting']:,} tokens (the largest, "
             f"{o['largest']:,} tokens, needs {_gib(o['largest_bytes'])} alone)"
         )
+
+
+def dynamic_2d_line(plan: BucketPlan) -> str | None:
+    """What ``plan`` and ``inspect`` say of a 2D dynamic plan's cut (NOTE [ A two-dimensional
+    dynamic manifest ]); ``None`` for any other plan."""
+    if plan.mode != "dynamic" or not plan.two_d:
+        return None
+    record = plan.meta.get(DYNAMIC_2D_KEY) or {}
+    stored = record.get("cost_model") is not None
+    how = "the manifest alone" if stored else "the manifest and the cost model (cost_model=: none is stored)"
+    return (
+        f"2D dynamic: each batch padded to its own longest and most image tokens, as many as fit, cut from "
+        f"shuffled pools of {record.get('pool_batches', '?')} batches; the figures are the sampler's epoch 0 at "
+        f"seed {record.get('seed', '?')}; BucketBatchSampler.from_manifest re-cuts every epoch from {how}"
+    )
 
 
 def _histogram(totals: npt.NDArray[np.integer[Any]], width: int = 40) -> str:

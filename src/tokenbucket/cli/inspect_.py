@@ -20,7 +20,7 @@ import numpy as np
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cli._packed_2d import is_two_cap, packed_report, print_packed
-from tokenbucket.cli._tables import _histogram, _plan_json, _print_plan
+from tokenbucket.cli._tables import _histogram, _plan_json, _print_plan, dynamic_2d_line
 from tokenbucket.monitor.report import pyplot
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.plan.manifest import Manifest, load_manifest
@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
             print_packed(packed, summary)
         else:
             _print_plan(manifest.plan, summary)
+            if dynamic_2d_line(manifest.plan):
+                print(dynamic_2d_line(manifest.plan))
         totals = manifest.table.column("total").drop_null().to_numpy()
         if len(totals):
             print("\nL_total histogram (log2 bins):")

@@ -9,12 +9,15 @@ tokenbucket plan --lerobot [NAME=]DATASET[:WEIGHT] ... --lerobot-policy DIR|pi0|
 tokenbucket plan METADATA... --hf-config DIR | --preset STAGED [--train ...] [--sharding S --world-size N]
                  [--vision-share F] [--profile PROFILE.json (with --hf-config)] [--buckets 1d|2d]
                  [plan flags as above]
+tokenbucket plan METADATA... --hf-config DIR | --preset STAGED --buckets 2d --mode dynamic [plan flags as above]
 
 With a staged model (a Hugging Face config.json, or a staged preset) the token spec follows from
 the model, and each bucket bound is priced as its worst sample: up to the vision share of its
 tokens as images, the rest text (:class:`~tokenbucket.cost.staged_length.StagedLengthModel`).
 With ``--buckets 2d`` each bucket bounds the image tokens as well, and is priced at both bounds
-(NOTE [ Two-dimensional buckets ]).
+(NOTE [ Two-dimensional buckets ]); with ``--mode dynamic`` too, each batch is padded to its own
+longest and most image tokens, and the manifest stores what cuts every epoch's batches, the
+staged model included (NOTE [ A two-dimensional dynamic manifest ]).
 
 With ``--lerobot-policy`` the LeRobot policy (pi0, pi0.5, SmolVLA as LeRobot 0.4.4 trains them)
 counts each sample's tokens and prices each bucket
@@ -62,7 +65,7 @@ from tokenbucket.cli._staged import (
     staged_record,
     staged_token_spec,
 )
-from tokenbucket.cli._tables import _plan_json, _print_plan
+from tokenbucket.cli._tables import _plan_json, _print_plan, dynamic_2d_line
 from tokenbucket.cost.calibration import CalibratedCostModel, Calibration, load_calibration
 from tokenbucket.cost.gpus import GPU
 from tokenbucket.cost.lerobot_plan import PolicyLengthModel
@@ -142,7 +145,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["1d", "2d"],
         default="1d",
         help="1d (default): bound each bucket's LLM tokens; 2d: with --hf-config or a staged --preset, bound its "
-        "image tokens too, so text-heavy samples are not batched as if all image (static mode)",
+        "image tokens too, so text-heavy samples are not batched as if all image (static, or --mode dynamic: each "
+        "batch padded to its own longest and most image tokens, the manifest holding what re-cuts every epoch)",
     )
     parser.add_argument(
         "--on-oversize",
@@ -522,6 +526,8 @@ def run(args: argparse.Namespace) -> int:
         _print_plan(manifest.plan, summary)
         if staged:
             _print_staged(meta["model"], two_d=manifest.plan.two_d)
+        if dynamic_2d_line(manifest.plan):
+            print(dynamic_2d_line(manifest.plan))
         if args.profile is not None:
             low, high = meta["profile"]["lengths"]
             print(
@@ -645,13 +651,14 @@ def _run_policy(args: argparse.Namespace) -> int:
 
 def _check_2d(args: argparse.Namespace, staged: bool) -> None:
     """``--buckets 2d`` bounds image tokens, which only a staged model prices apart (NOTE [ Two-dimensional
-    buckets ]); its plans are static shapes planned from the samples themselves, here, in one process."""
+    buckets ]); its plans (static shapes, or dynamic batches: NOTE [ A two-dimensional dynamic manifest ])
+    are planned from the samples themselves, priced by the staged model alone, here, in one process."""
     if args.buckets != "2d":
         return
     if not staged:
         raise UsageError("--buckets 2d needs a model with a vision tower: --hf-config DIR or a staged --preset")
     refused = [
-        ("--mode " + args.plan_mode, args.plan_mode != "static"),
+        ("--mode " + args.plan_mode, args.plan_mode not in ("static", "dynamic")),  # (packed: refuse_packed_flags)
         ("--profile", args.profile is not None),
         ("--calibration", args.calibration is not None),
         ("--engine ray", args.engine == "ray"),
@@ -659,7 +666,9 @@ def _check_2d(args: argparse.Namespace, staged: bool) -> None:
     ]
     given = [flag for flag, bad in refused if bad]
     if given:
-        raise UsageError(f"--buckets 2d plans static shapes from the staged model here; drop {', '.join(given)}")
+        raise UsageError(
+            f"--buckets 2d plans static or dynamic 2D buckets from the staged model here; drop {', '.join(given)}"
+        )
 
 
 def _check_calibration_gpu(path: Path, calibration: Calibration, gpu: GPU | None) -> None:
