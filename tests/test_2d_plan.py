@@ -197,9 +197,9 @@ def test_manifest_of_a_2d_plan_keeps_every_row(tmp_path: Path, staged: StagedCos
     total, vision = t.column("total").to_numpy(), t.column("vision").to_numpy()
     assert (plan.assign(total[kept], vision[kept]) == bucket[kept]).all()
     assert manifest.summary()["samples"] == plan.summary()["samples"] == int(kept.sum())
-    with pytest.raises(ConfigError, match="static"):
+    with pytest.raises(ConfigError, match="static or dynamic"):  # (2D dynamic: test_2d_dynamic_manifest.py)
         build_manifest(src, spec, StagedLengthModel(staged), tmp_path / "d.parquet", budget_bytes=BUDGET,
-                       mode="dynamic", two_d=True)  # fmt: skip
+                       mode="packed", two_d=True)  # fmt: skip
 
 
 def test_cli_plan_buckets_2d(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -214,7 +214,7 @@ def test_cli_plan_buckets_2d(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     text = capsys.readouterr().out
     assert "images" in text.splitlines()[0] and "its own image-token bound" in text
     for extra, message in (
-        (["--mode", "dynamic"], "drop --mode dynamic"),
+        (["--calibration", str(tmp_path / "c.json")], "drop --calibration"),
         (["--engine", "ray"], "drop --engine ray"),
         (["--vision-share", "0.5"], "drop --vision-share"),
     ):
