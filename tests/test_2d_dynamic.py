@@ -4,6 +4,7 @@ fits at its own longest and most image tokens, and collated to those maxima."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import warnings
 from typing import Any
@@ -83,6 +84,22 @@ def test_2d_dynamic_plan_predicts_the_samplers_epoch_zero(plan: BucketPlan, cost
     # padded to its own maxima, never to the bounds, and no empty rows: at least as efficient
     assert plan.summary()["padding_efficiency"] >= static.summary()["padding_efficiency"]
     assert BucketPlan.from_json(plan.to_json()) == plan
+
+
+def test_2d_dynamic_plain_sampler_cuts_as_the_plan_never_at_static_sizes(
+    plan: BucketPlan, cost: StagedLengthModel
+) -> None:
+    # NOTE [ A dynamic plan's sampler ]: data.sampler() with no dynamic= is the plan's own cut
+    data = data_of(plan)
+    plain = data.sampler()
+    assert [list(b) for b in plain] == [list(b) for b in sampler_of(data, cost)]  # the plan's seed and pools
+    static = BucketBatchSampler(data.buckets, plan.batch_sizes.tolist(), plan_id=data.plan_id, seed=SEED)
+    assert [list(b) for b in plain] != [list(b) for b in static]
+    assert [list(b) for b in data.sampler(seed=SEED + 1)] != [list(b) for b in plain]  # a seed given wins
+    bare = dataclasses.replace(plan, meta={})  # a plan with no record of its cost model
+    with pytest.raises(ConfigError, match=r"records no cost model.*DynamicFill2D") as caught:
+        data_of(bare).sampler()
+    assert "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

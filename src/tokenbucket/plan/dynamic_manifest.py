@@ -40,7 +40,7 @@ from tokenbucket.plan.buckets_2d import DYNAMIC_2D_KEY, SupportsCost2D
 from tokenbucket.plan.manifest import Manifest
 from tokenbucket.plan.packed_manifest import is_two_cap
 
-__all__ = ["DynamicManifest2D", "dynamic_plan_of", "is_dynamic_2d"]
+__all__ = ["DynamicManifest2D", "dynamic_plan_of", "is_dynamic_2d", "rebuilt_cost_model"]
 
 # plan_buckets_2d's defaults: a 2D dynamic plan handed to build_manifest without its record
 _DEFAULT_POOL_BATCHES, _DEFAULT_SEED = 64, 0
@@ -95,15 +95,16 @@ def dynamic_plan_of(manifest: Manifest, *, cost_model: SupportsCost2D | None = N
     pool_batches = int(record.get("pool_batches", _DEFAULT_POOL_BATCHES))
     seed = int(record.get("seed", _DEFAULT_SEED))
     if cost_model is None:
-        cost_model = _rebuilt(where, plan, record.get("cost_model"))
+        cost_model = rebuilt_cost_model(where, plan, record.get("cost_model"))
     t = manifest.table
     lengths = t.column("total").fill_null(0).to_numpy()
     vision = t.column("vision").fill_null(0).to_numpy()
     return DynamicManifest2D(lengths, vision, cost_model, plan.budget_bytes, pool_batches, seed)
 
 
-def _rebuilt(where: str, plan: BucketPlan, record: object) -> StagedLengthModel:
-    """The stored cost model, refused when it does not price the plan's buckets as the plan does."""
+def rebuilt_cost_model(where: str, plan: BucketPlan, record: object) -> StagedLengthModel:
+    """The cost model a 2D dynamic plan records (``meta["dynamic_2d"]["cost_model"]``), rebuilt and
+    refused in one line (naming ``where``) when it does not price the plan's buckets as the plan did."""
     if record is None:
         raise ConfigError(
             f"{where} records no cost model to cut its batches with (it was planned with one that cannot be "

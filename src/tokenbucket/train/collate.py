@@ -284,8 +284,37 @@ class TokenBucketDataset(Dataset[Any]):
                     f"a packed plan's sampler takes only {sorted(_PACKED_OPTIONS)}, but got {sorted(kwargs)}"
                 )
             return PackedBatchSampler.from_dataset(self, **cast("PackedOptions", kwargs))
-
+        if self.plan.mode == "dynamic" and self.plan.two_d and kwargs.get("dynamic") is None:
+            kwargs = {**kwargs, **self._dynamic_cut(kwargs)}
         return BucketBatchSampler(self.buckets, self.plan.batch_sizes.tolist(), plan_id=self.plan_id, **kwargs)
+
+    # NOTE [ A dynamic plan's sampler ]
+    # A 2D dynamic plan's buckets carry static batch sizes (what the DP priced), but its batches
+    # are cut each epoch to the budget at their own maxima (NOTE [ Two-dimensional dynamic
+    # batches ]). Handing those static sizes to the sampler would run another plan than the one
+    # printed, so ``sampler()`` on a 2D dynamic plan never falls back to them: a plan that records
+    # its cost model (``meta["dynamic_2d"]``, NOTE [ A two-dimensional dynamic manifest ]) is cut
+    # by it, at the recorded pools and seed (a ``seed=`` given wins); one that does not needs
+    # ``dynamic=`` and is refused in one line without it. A 1D dynamic plan records no model: its
+    # ``sampler()`` keeps the static sizes, each batch padded to its own longest, unless given
+    # ``dynamic=DynamicFill(...)``, as before.
+    def _dynamic_cut(self, kwargs: Mapping[str, object]) -> dict[str, Any]:
+        """A 2D dynamic plan's cut from the model it records (NOTE [ A dynamic plan's sampler ])."""
+        from tokenbucket.plan.buckets_2d import DYNAMIC_2D_KEY
+        from tokenbucket.plan.dynamic_manifest import rebuilt_cost_model
+        from tokenbucket.train._dynamic import DynamicFill2D
+
+        record = self.plan.meta.get(DYNAMIC_2D_KEY)
+        if not (isinstance(record, dict) and record.get("cost_model") is not None):
+            raise ConfigError(
+                "this dataset's plan is 2D dynamic (batches cut to the budget each epoch) but records no cost model "
+                "to cut them with: pass dynamic=DynamicFill2D(lengths, vision, cost, budget, pool_batches) "
+                "(tokenbucket.train.sampler)"
+            )
+        cost = rebuilt_cost_model("the dataset's plan", self.plan, record["cost_model"])
+        vision = self.breakdowns.column("vision").to_numpy()
+        fill = DynamicFill2D(self.lengths, vision, cost, self.plan.budget_bytes, int(record["pool_batches"]))
+        return {"dynamic": fill, "seed": kwargs.get("seed", int(record["seed"]))}
 
 
 def _arrow_source(obj: object) -> tuple[pa.Table, pa.ChunkedArray | None] | None:
