@@ -45,6 +45,7 @@ from tokenbucket.train.batch import BatchInfo, EmptyRow, pad_rows, token_layout
 from tokenbucket.train.packing import PackedBatchSampler, PackedOptions
 from tokenbucket.train.sampler import (
     BucketBatchSampler,
+    DynamicFill2D,
     Fetched,
     SamplerOptions,
     StepIndices,
@@ -285,7 +286,8 @@ class TokenBucketDataset(Dataset[Any]):
                 )
             return PackedBatchSampler.from_dataset(self, **cast("PackedOptions", kwargs))
         if self.plan.mode == "dynamic" and self.plan.two_d and kwargs.get("dynamic") is None:
-            kwargs = {**kwargs, **self._dynamic_cut(kwargs)}
+            fill, seed = self._dynamic_cut(kwargs.get("seed"))
+            kwargs = {**kwargs, "dynamic": fill, "seed": seed}
         return BucketBatchSampler(self.buckets, self.plan.batch_sizes.tolist(), plan_id=self.plan_id, **kwargs)
 
     # NOTE [ A dynamic plan's sampler ]
@@ -298,11 +300,10 @@ class TokenBucketDataset(Dataset[Any]):
     # ``dynamic=`` and is refused in one line without it. A 1D dynamic plan records no model: its
     # ``sampler()`` keeps the static sizes, each batch padded to its own longest, unless given
     # ``dynamic=DynamicFill(...)``, as before.
-    def _dynamic_cut(self, kwargs: Mapping[str, object]) -> dict[str, Any]:
+    def _dynamic_cut(self, seed: int | None) -> tuple[DynamicFill2D, int]:
         """A 2D dynamic plan's cut from the model it records (NOTE [ A dynamic plan's sampler ])."""
         from tokenbucket.plan.buckets_2d import DYNAMIC_2D_KEY
         from tokenbucket.plan.dynamic_manifest import rebuilt_cost_model
-        from tokenbucket.train._dynamic import DynamicFill2D
 
         record = self.plan.meta.get(DYNAMIC_2D_KEY)
         if not (isinstance(record, dict) and record.get("cost_model") is not None):
@@ -314,7 +315,7 @@ class TokenBucketDataset(Dataset[Any]):
         cost = rebuilt_cost_model("the dataset's plan", self.plan, record["cost_model"])
         vision = self.breakdowns.column("vision").to_numpy()
         fill = DynamicFill2D(self.lengths, vision, cost, self.plan.budget_bytes, int(record["pool_batches"]))
-        return {"dynamic": fill, "seed": kwargs.get("seed", int(record["seed"]))}
+        return fill, int(record["seed"]) if seed is None else seed
 
 
 def _arrow_source(obj: object) -> tuple[pa.Table, pa.ChunkedArray | None] | None:
