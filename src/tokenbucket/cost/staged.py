@@ -313,6 +313,16 @@ class StagedCostModel:
         images = sample.images or sample.videos * sample.frames
         return vision_inputs(self.config, sample.height, sample.width, images)
 
+    def pass_grid(self, sample: Sample) -> tuple[int, int] | None:
+        """The pre-merge patch grid ``(rows, cols)`` of each of ``sample``'s tower passes, where a
+        tower windows over it (NOTE [ Windowed tower attention ]); ``None`` where none does."""
+        if not any(t.window for t in self.model.vision) or not (sample.images or sample.videos):
+            return None
+        if self.config is None:
+            raise AssertionError("a windowing tower needs its config")
+        frames = sample.frames if self.clips(sample) else None
+        return models.of(self.config).pass_grid(self.config, sample.height, sample.width, frames, sample.fps)
+
     def units(self, batch: int, sample: Sample) -> list[Unit]:
         """The step's units in forward order (see :mod:`tokenbucket.cost._stage_units`)."""
         vi = self.sample_vision(sample)

@@ -277,7 +277,8 @@ class StagedLengthModel:
         if passes:
             tokens = passes * vi.patches_per_image
             v_dense = sum(2 * tokens * t.layers * t.layer_params for t in model.vision)
-            v_attn = sum(t.layers * 4 * passes * vi.patches_per_image**2 * t.hidden for t in model.vision)
+            grid = self.cost.pass_grid(sample)  # NOTE [ Windowed tower attention ]
+            v_attn = sum(4 * passes * t.attention_pairs(vi.patches_per_image, grid) * t.hidden for t in model.vision)
             v_dense += 2 * b * vi.llm_tokens * (model.projector.params if model.projector else 0)
             trains = setup.train == "full"
             v_ckpt = int(trains and setup.vision_checkpointing == "full")
@@ -327,8 +328,11 @@ class StagedLengthModel:
 # LLM token plus attention 4 x S^2 x heads x head_dim per sample and layer; training is 3x the
 # matmuls (2x under LoRA: input gradients, no frozen-weight gradients) and 3.5x attention (2.5x
 # under LoRA; the half is the flash/sdpa recompute). The tower: 2 x block params per patch, attention per tower pass over its
-# own patches (4 x p^2 x hidden per layer), the projector over the image's LLM tokens; 3x / 3.5x
-# when the tower trains, forward only when frozen. Checkpointing adds one forward of its stage.
+# own patches (4 x p^2 x hidden per layer; a windowing tower's windowed blocks over each window,
+# NOTE [ Windowed tower attention ]), the projector over the image's LLM tokens; 3x / 3.5x when
+# the tower trains, forward only when frozen. Checkpointing adds one forward of its stage. The
+# patch embedding (a convolution, 2 x its weights per patch) is left out: 0.2 % of a
+# Qwen2.5-VL-7B tower's forward.
 
 
 def measure_vision_share(

@@ -15,9 +15,10 @@ rounding up prices at most ``R - 1`` patches high). FLOPs are not linear: attent
 per sample in the backbone and per tower pass in the tower, so a batch's FLOPs are the sum of its
 samples' own (``StagedLengthModel.sample_flops`` of each alone, NOTE [ Staged FLOPs ]) plus the
 dense FLOPs of the padding at the end of each row (padding runs through every projection: the
-conservative reading, as NOTE [ Packed FLOPs ]). The tower's attention is priced as full
-attention over each pass: the cost model has no windowed tower, so a windowing tower (Qwen2.5-VL)
-is priced high.
+conservative reading, as NOTE [ Packed FLOPs ]). The tower's attention is priced per pass as the
+tower runs it: over the whole pass, or for a windowing tower (Qwen2.5-VL) per window in its
+windowed blocks (NOTE [ Windowed tower attention ]); packing changes neither, since the windows
+lie within each pass.
 
 Example:
     >>> from tokenbucket.cost.hf_model import StagedModel

@@ -214,6 +214,15 @@ class Family:
         check_frames(frames, fps)
         return self.clip_rule_inputs(self.video_rule(cfg), frames, height, width, fps)
 
+    def pass_grid(
+        self, cfg: HFConfig, height: int, width: int, frames: int | None = None, fps: float | None = None
+    ) -> tuple[int, int] | None:
+        """The pre-merge patch grid ``(rows, cols)`` of one tower pass over a ``height x width``
+        image (with ``frames``: over one temporal group of such a clip, :meth:`clip_inputs`'s), for a
+        tower whose attention depends on the grid's shape, not only its length (NOTE [ Windowed
+        tower attention ]); ``None`` for a family whose towers do not window."""
+        return None
+
     def spec_fields(self, cfg: HFConfig) -> dict[str, Any] | None:
         """The :class:`~tokenbucket.tokens.spec.CameraSpec` fields of a native rule that is exact
         for this family (a fixed square, Qwen2-VL's ``max_pixels``), or ``None``: the token spec

@@ -24,6 +24,7 @@ __all__ = [
     "norm_params",
     "unused_layers",
     "vit_tower",
+    "window_squares",
 ]
 
 Norm = Literal["layernorm", "rmsnorm"]
@@ -58,6 +59,11 @@ class VisionTower:
     full width before the heads split (InternViT-6B's); ``layer_scale``: a learned per-channel
     scale on each residual branch; ``batch_mask``: the tower runs every image of the batch as one
     sequence under a block-diagonal ``[1, 1, S, S]`` mask (Pixtral).
+
+    ``window``: the side of the square windows most blocks attend within, in merged units
+    (Qwen2.5-VL's ``window_size // spatial_merge_size // patch_size``; 0: every block attends
+    over the whole pass); ``full_attention_blocks``: the blocks that attend over the whole pass
+    all the same (``fullatt_block_indexes``). NOTE [ Windowed tower attention ].
     """
 
     name: str
@@ -88,6 +94,8 @@ class VisionTower:
     position_rows: int = 0
     linear_bias: bool = True
     batch_mask: bool = False
+    window: int = 0
+    full_attention_blocks: tuple[int, ...] = ()
 
     @property
     def tokens_per_image(self) -> int | None:
@@ -123,11 +131,58 @@ class VisionTower:
         d = self.hidden
         return d + 4 * d * d + 4 * d + 2 * d + 2 * d * self.ffn + self.ffn + d if self.pooling_head else 0
 
+    def attention_pairs(self, patches: int, grid: tuple[int, int] | None = None) -> int:
+        """The (query, key) pairs one pass of ``patches`` tokens scores, summed over the blocks:
+        ``layers x patches^2`` for a tower that attends over the whole pass, less for a windowing
+        one (NOTE [ Windowed tower attention ]), which needs the pass's pre-merge patch ``grid``
+        ``(rows, cols)``.
+
+        Example:
+            >>> t = VisionTower(name="w", hidden=64, layers=4, heads=4, ffn=128, patch=14, merge=2,
+            ...                 window=4, full_attention_blocks=(3,))
+            >>> t.attention_pairs(20 * 20, (20, 20))  # 1 full block; 3 windowed over 3 x 3 windows (4, 4, 2 units)
+            222208
+            >>> t.attention_pairs(20 * 20, (20, 20)) == 400**2 + 3 * 2**4 * (2 * 4**2 + 2**2) ** 2
+            True
+        """
+        whole = self.layers * patches**2
+        if not self.window:
+            return whole
+        if grid is None or grid[0] * grid[1] != patches or grid[0] % self.merge or grid[1] % self.merge:
+            raise AssertionError(f"a windowing tower needs the pass's patch grid in whole merged units, got {grid}")
+        m, full = self.merge, len(self.full_attention_blocks)
+        windowed = m**4 * window_squares(grid[0] // m, self.window) * window_squares(grid[1] // m, self.window)
+        return full * patches**2 + (self.layers - full) * windowed
+
     @property
     def unused_params(self) -> int:
         """Parameters that never get a gradient: the unused blocks, an unused final norm, the pooling head."""
         unused_norm = 0 if self.post_norm_used or not self.post_norm else norm_params(self.norm, self.hidden)
         return self.unused_layers * self.layer_params + unused_norm + self.head_params
+
+
+# NOTE [ Windowed tower attention ]
+# Qwen2.5-VL's tower (transformers' get_vision_window_index) cuts each tower pass (an image, or
+# one temporal group of a clip) into square windows of w = window_size // spatial_merge_size //
+# patch_size merged units a side (112 px, 2, 14: 4, so 8 x 8 pre-merge patches), laid from the
+# top-left corner; the windows on the right and bottom edges hold what is left (an edge of n
+# merged units is n // w whole windows and one of n % w). The blocks in fullatt_block_indexes
+# attend over the whole pass, as Qwen2-VL's do; every other block attends within each window
+# only. So a pass of rows x cols pre-merge patches (R x C merged units, m = the merge) scores
+#     full blocks:     (rows x cols)^2 pairs each,
+#     windowed blocks: m^4 x S(R) x S(C) pairs each, S(n) = (n // w) x w^2 + (n % w)^2,
+# the windows' squared lengths summed (the window grid is a product, so the sum factors). An
+# image within one window scores as under full attention; a large one about (w m)^2 / (rows x
+# cols) as much in its windowed blocks. Attention FLOPs are 4 x hidden per pair (NOTE [ Staged
+# FLOPs ]). No byte moves: sdpa and flash keep per token what they keep (a log-sum-exp per head),
+# whatever the span, and the staged model prices no eager tower. tests/test_tower_windows.py
+# holds the pairs to transformers' own tower, counted by torch's FlopCounterMode.
+
+
+def window_squares(units: int, window: int) -> int:
+    """The squared lengths of the windows along one edge of ``units`` merged units, summed
+    (NOTE [ Windowed tower attention ]): ``units // window`` whole windows and one partial."""
+    return (units // window) * window**2 + (units % window) ** 2
 
 
 @dataclass(frozen=True, kw_only=True)

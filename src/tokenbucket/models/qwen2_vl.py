@@ -53,7 +53,7 @@ _TOWERS: dict[str, dict[str, Any]] = {
                         "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
     "qwen2_5_vl_vision": {"depth": 32, "hidden_size": 3584, "intermediate_size": 3420, "num_heads": 16,
                           "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
-                          "out_hidden_size": 3584},
+                          "out_hidden_size": 3584, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31]},
 }  # fmt: skip
 
 
@@ -261,6 +261,15 @@ class Qwen2VL(Family):
         gt, gh, gw = self.clip_grid(rule, self.sampled_frames(rule, frames, fps), height, width)
         return VisionInputs(gt, gh * gw, gt * gh * gw // int(rule["merge"]) ** 2)
 
+    def pass_grid(
+        self, cfg: HFConfig, height: int, width: int, frames: int | None = None, fps: float | None = None
+    ) -> tuple[int, int] | None:
+        if frames is None:
+            return self.grid(self.image_rule(cfg), height, width)
+        rule = self.video_rule(cfg)
+        _, rows, cols = self.clip_grid(rule, self.sampled_frames(rule, frames, fps), height, width)
+        return rows, cols
+
     def spec_fields(self, cfg: HFConfig) -> dict[str, Any] | None:
         rule = self.image_rule(cfg)
         return {
@@ -294,6 +303,9 @@ class Qwen2VL(Family):
             common: dict[str, Any] = {"hidden": width, "ffn": max(1, int(width * ratio))}
         else:
             common = {"hidden": width, "ffn": num("intermediate_size"), "gated_mlp": True, "norm": "rmsnorm"}
+            common.update(
+                self.windows(cfg, num("depth"), num("window_size"), num("patch_size") * num("spatial_merge_size"))
+            )
         return (
             VisionTower(
                 name=vt, layers=num("depth"), heads=heads, patch=num("patch_size"),
@@ -302,6 +314,26 @@ class Qwen2VL(Family):
                 **common,
             ),
         )  # fmt: skip
+
+    def windows(self, cfg: HFConfig, layers: int, window_px: int, merged_px: int) -> dict[str, Any]:
+        """Qwen2.5-VL's attention windows (NOTE [ Windowed tower attention ]): the window side in
+        merged units (``window_size // spatial_merge_size // patch_size``) and the blocks that
+        attend over the whole pass (``fullatt_block_indexes``)."""
+        table, where = self.vision_section(cfg)
+        if window_px < merged_px:  # transformers' window index divides by window_size // merge // patch
+            raise ConfigError(
+                f"config.json {cfg.path!r}: key {where}.window_size should hold at least one merged patch "
+                f"({merged_px} px), but got {window_px}"
+            )
+        raw = table.get("fullatt_block_indexes", _TOWERS["qwen2_5_vl_vision"]["fullatt_block_indexes"])
+        if not isinstance(raw, list | tuple) or not all(
+            isinstance(k, int) and not isinstance(k, bool) and 0 <= k < layers for k in raw
+        ):
+            raise ConfigError(
+                f"config.json {cfg.path!r}: key {where}.fullatt_block_indexes should be a list of block indexes "
+                f"in [0, {layers - 1}], but got {raw!r}"
+            )
+        return {"window": window_px // merged_px, "full_attention_blocks": tuple(sorted(set(raw)))}
 
     def projector(self, cfg: HFConfig, tower: VisionTower, width: int) -> Projector | None:
         table, where = self.vision_section(cfg)
