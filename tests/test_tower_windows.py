@@ -116,6 +116,43 @@ def test_tower_windows_flops_match_transformers_tower(
     assert TOTAL_BAND[0] <= err <= TOTAL_BAND[1], err
 
 
+# Qwen/Qwen2.5-VL-7B-Instruct's tower and processor bounds (config.json, preprocessor_config.json)
+Q25_7B = {
+    **_config(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584, window_size=112,
+              fullatt_block_indexes=[7, 15, 23, 31]),
+    "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+    "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
+}  # fmt: skip
+Q25_7B_PIXELS = {"min_pixels": 56 * 56, "max_pixels": 16384 * 28 * 28}
+
+
+@pytest.mark.parametrize(
+    ("sample", "grid_thw"),
+    [
+        (Sample(images=1, height=1080, width=1920), [1, 78, 138]),  # 39 x 69 merged: 10 x 18 windows
+        (Sample(videos=1, frames=16, height=448, width=448, fps=2.0), [8, 32, 32]),
+    ],
+    ids=["1080p", "clip-16x448"],
+)
+def test_tower_windows_pairs_match_transformers_window_index_at_7b_sizes(sample: Sample, grid_thw: list[int]) -> None:
+    # no tower built: the spans transformers' forward attends over, from its own bookkeeping
+    # (get_vision_cu_seqlens for the full blocks, get_vision_window_index for the others)
+    vision_utils = pytest.importorskip("transformers.vision_utils")
+    cfg = HFConfig("<qwen2.5-vl-7b>", Q25_7B, Q25_7B_PIXELS)
+    cost = StagedCostModel(staged_from_config(cfg), config=cfg)
+    tower, vi = cost.model.vision[0], cost.sample_vision(sample)
+    assert [vi.tower_images, *(cost.pass_grid(sample) or ())] == grid_thw
+    thw = torch.tensor([grid_thw])
+    _, cu_windows = vision_utils.get_vision_window_index(thw, spatial_merge_size=2, window_size=112, patch_size=14)
+
+    def squares(cu: Any) -> int:
+        return int((cu[1:] - cu[:-1]).long().pow(2).sum())
+
+    full = len(tower.full_attention_blocks)
+    theirs = full * squares(vision_utils.get_vision_cu_seqlens(thw)) + (32 - full) * squares(cu_windows)
+    assert vi.tower_images * tower.attention_pairs(vi.patches_per_image, cost.pass_grid(sample)) == theirs
+
+
 def test_tower_windows_price_below_full_attention_for_a_large_image_and_equal_within_one_window() -> None:
     cfg = HFConfig("<qwen2.5-vl-7b defaults>", {"model_type": "qwen2_5_vl"})
     windowed = StagedCostModel(staged_from_config(cfg), config=cfg)
@@ -152,4 +189,12 @@ def test_tower_windows_refuse_a_window_the_tower_cannot_run(vision: dict[str, An
     cfg = HFConfig("<bad windows>", {"model_type": "qwen2_5_vl", "vision_config": vision})
     with pytest.raises(ConfigError, match=match) as err:
         staged_from_config(cfg)
+    assert "\n" not in str(err.value)
+
+
+def test_tower_windows_without_a_config_to_find_the_grid_are_refused_in_one_line() -> None:
+    base = StagedModel.preset("llava-1.5-7b")  # no config: a fixed tower, priced from the model alone
+    model = dataclasses.replace(base, vision=(dataclasses.replace(base.vision[0], window=4),))
+    with pytest.raises(ConfigError, match="windowing vision tower, whose FLOPs need each pass's patch grid") as err:
+        StagedLengthModel(StagedCostModel(model)).sample_flops(1, Sample(images=1, height=336, width=336))
     assert "\n" not in str(err.value)

@@ -319,7 +319,10 @@ class StagedCostModel:
         if not any(t.window for t in self.model.vision) or not (sample.images or sample.videos):
             return None
         if self.config is None:
-            raise AssertionError("a windowing tower needs its config")
+            raise ConfigError(
+                f"model {self.model.name!r} has a windowing vision tower, whose FLOPs need each pass's patch grid: "
+                "give StagedCostModel its config (config=...)"
+            )
         frames = sample.frames if self.clips(sample) else None
         return models.of(self.config).pass_grid(self.config, sample.height, sample.width, frames, sample.fps)
 

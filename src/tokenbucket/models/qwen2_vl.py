@@ -4,7 +4,8 @@ The image processor's ``smart_resize`` rounds both sides to multiples of ``patch
 and rescales so the area lies in ``[min_pixels, max_pixels]``; the tower sees every 14-px
 patch (the image repeated along time to fill ``temporal_patch_size``) and the merger folds 2x2
 of them into one LLM token. Exact in a native :class:`~tokenbucket.tokens.spec.CameraSpec`
-rule (``resize="max_pixels"``).
+rule (``resize="max_pixels"``). Qwen2.5-VL's tower attends within windows (8 x 8 patches) in
+all blocks but its ``fullatt_block_indexes`` (NOTE [ Windowed tower attention ]).
 
 Example:
     >>> from tokenbucket.models._hf_json import HFConfig
