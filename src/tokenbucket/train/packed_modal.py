@@ -58,7 +58,6 @@ its own image boundaries.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -69,12 +68,13 @@ from tokenbucket.models import family
 from tokenbucket.models.qwen2_vl import rope_positions
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.train._keys import Ragged, to_tensor
+from tokenbucket.train._packed_rows import check_packed_options, dense_mask, packed_peak, packed_rows, warn_mask_size
 from tokenbucket.train._patches import IMAGES, VIDEOS, StreamNames
 from tokenbucket.train.batch import Batch, EmptyRow
 from tokenbucket.train.modal import ModalityCollate, ModalityKeys
-from tokenbucket.train.packing import block_diagonal_mask, cu_seqlens_of, mask_size_warning, next_fit_rows
+from tokenbucket.train.packing import cu_seqlens_of
 from tokenbucket.train.risk import check_planned_model
-from tokenbucket.train.sampler import position_of, rows_of
+from tokenbucket.train.sampler import position_of
 from tokenbucket.train.shaping import ShapedData
 
 __all__ = ["ROPE_MODEL_TYPES", "PackedModalityCollate"]
@@ -164,22 +164,7 @@ class PackedModalityCollate:
         video_token_id: int | None = None,
         cost_model: PredictsMemory | StagedPackedModel | None = None,
     ) -> None:
-        if isinstance(pack_length, bool) or not isinstance(pack_length, int) or pack_length < 1:
-            raise ConfigError(f"pack_length should be a positive integer, but got pack_length={pack_length!r}")
-        if row_patches is not None and (
-            isinstance(row_patches, bool) or not isinstance(row_patches, int) or row_patches < 0
-        ):
-            raise ConfigError(
-                f"row_patches should be None or an integer of at least 0, but got row_patches={row_patches!r}"
-            )
-        if rows_per_batch is not None and (not isinstance(rows_per_batch, int) or rows_per_batch < 1):
-            raise ConfigError(
-                f"rows_per_batch should be None or a positive integer, but got rows_per_batch={rows_per_batch!r}"
-            )
-        if mask_dtype is not None and mask_dtype != torch.bool and not mask_dtype.is_floating_point:
-            raise ConfigError(
-                f"mask_dtype should be torch.bool, a float dtype or None, but got mask_dtype={mask_dtype}"
-            )
+        check_packed_options(pack_length, rows_per_batch, row_patches, mask_dtype)
         check_planned_model(data, cost_model)  # NOTE [ A cost model beside its manifest ]
         self._rope_class: str | None = None
         if rope_config is not None:
@@ -225,15 +210,16 @@ class PackedModalityCollate:
             )
         lengths = [self._length(i, item) for i, item in batch if not isinstance(item, EmptyRow)]
         patches = _patches_of(inner, len(real))
-        chosen = rows_of(batch)  # NOTE [ Rows through the workers ]
-        if chosen is None:
-            capped = patches if self.row_patches is not None else None
-            sizes = list(zip(real, lengths, strict=True))
-            fit = next_fit_rows(
-                sizes, P, self.rows_per_batch, self.data.key, patches=capped, row_patches=self.row_patches
-            )
-        else:
-            fit = self._chosen(batch, chosen, real, lengths, patches)
+        fit = packed_rows(  # NOTE [ Rows through the workers ]
+            batch,
+            real,
+            lengths,
+            patches,
+            pack_length=P,
+            rows_per_batch=self.rows_per_batch,
+            row_patches=self.row_patches,
+            key_of=self.data.key,
+        )
         R = self.rows_per_batch if self.rows_per_batch is not None else max(1, len(fit))
         out = Batch()
         row_of, segment_of = self._text(out, inner, fit, lengths, R)
@@ -252,67 +238,12 @@ class PackedModalityCollate:
         out["info"] = info
         return out
 
-    def _chosen(
-        self,
-        batch: Sequence[tuple[int, object]],
-        chosen: tuple[int, ...],
-        real: list[int],
-        lengths: list[int],
-        patches: list[int],
-    ) -> list[list[int]]:
-        """The sampler's rows as positions into ``real`` (empty rows dropped), each checked
-        against both caps (NOTE [ Rows through the workers ])."""
-        if sum(chosen) != len(batch) or min(chosen, default=1) < 1:
-            raise ConfigError(
-                f"the batch's rows {list(chosen)} should hold its {len(batch)} items, one or more a row: the sampler's "
-                f"rows and the batch disagree"
-            )
-        fit: list[list[int]] = []
-        position = s = 0
-        for size in chosen:
-            row = []
-            for _, item in batch[position : position + size]:
-                if not isinstance(item, EmptyRow):
-                    row.append(s)
-                    s += 1
-            position += size
-            if row:
-                fit.append(row)
-        for r, row in enumerate(fit):
-            tokens, mine = sum(lengths[s] for s in row), sum(patches[s] for s in row)
-            if tokens > self.pack_length or (self.row_patches is not None and mine > self.row_patches):
-                over = (
-                    f"{tokens:,} tokens, more than pack_length={self.pack_length:,}"
-                    if tokens > self.pack_length
-                    else f"{mine:,} patches, more than row_patches={self.row_patches:,}"
-                )
-                raise ConfigError(
-                    f"row {r} of the batch (samples {[real[s] for s in row]}) holds {over}: the sampler's caps and the "
-                    f"collate's disagree (pass the plan's row_tokens and row_patches)"
-                )
-        if self.rows_per_batch is not None and len(fit) > self.rows_per_batch:
-            raise ConfigError(
-                f"the batch has {len(fit)} rows but the collate holds rows_per_batch={self.rows_per_batch}: the "
-                f"sampler's plan and the collate's rows_per_batch disagree"
-            )
-        return fit
-
     def _peak(self, out: Batch, rows: int, patches: int) -> int:
-        """The batch's predicted peak: at ``(rows, pack_length)``, and for a ``StagedPackedModel``
-        at the batch's own patches and image tokens too (NOTE [ A packed row's price ])."""
-        if self.cost_model is None:
-            return 0
-        if isinstance(self.cost_model, StagedPackedModel):
-            ids = out[self.keys.input_ids]
-            image = int(
-                sum(
-                    int(ids.eq(t).sum())
-                    for t in (self.modal.image_token_id, self.modal.video_token_id)
-                    if t is not None
-                )
-            )
-            return int(self.cost_model.memory(rows, self.pack_length, patches, image).total)
-        return int(self.cost_model.memory(rows, self.pack_length).total)
+        """The batch's predicted peak (NOTE [ A packed row's price ])."""
+        ids = out[self.keys.input_ids]
+        tokens = (self.modal.image_token_id, self.modal.video_token_id)
+        image = sum(int(ids.eq(t).sum()) for t in tokens if t is not None)
+        return packed_peak(self.cost_model, rows, self.pack_length, patches, image)
 
     def _length(self, index: int, item: object) -> int:
         """The sample's token count: its ids, which must hold its whole sequence."""
@@ -423,16 +354,8 @@ class PackedModalityCollate:
         """The dense causal block-diagonal mask (NOTE [ Packed VLM rows ], NOTE [ Dense mask size ])."""
         if self.mask_dtype is None:  # NOTE [ Packed rows into flash-attn ]
             return
-        message = mask_size_warning(rows, self.pack_length)
-        if message is not None and not self._warned_mask:
-            self._warned_mask = True
-            warnings.warn(message, UserWarning, stacklevel=3)
-        allowed = block_diagonal_mask(out["segment_ids"], causal=True)
-        if self.mask_dtype == torch.bool:
-            out["attention_mask"] = allowed
-        else:
-            additive = torch.zeros(allowed.shape, dtype=self.mask_dtype)
-            out["attention_mask"] = additive.masked_fill_(~allowed, torch.finfo(self.mask_dtype).min)
+        self._warned_mask = warn_mask_size(rows, self.pack_length, self._warned_mask)
+        out["attention_mask"] = dense_mask(out["segment_ids"], self.mask_dtype)
 
 
 def _patches_of(inner: Batch, samples: int) -> list[int]:
