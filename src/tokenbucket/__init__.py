@@ -104,6 +104,7 @@ _LAZY = {
     "PackedBatchSampler": "train.packing",
     "PackedCollate": "train.packing",
     "PackedModalityCollate": "train.packed_modal",
+    "PackedTowerCollate": "train.packed_tower",
     "block_diagonal_mask": "train.packing",
     "RiskSplitSampler": "train.risk",
     "WarmupRecord": "train.warmup",
@@ -158,6 +159,7 @@ if TYPE_CHECKING:
     from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
     from tokenbucket.train.modal import ModalityCollate, ModalityKeys
     from tokenbucket.train.packed_modal import PackedModalityCollate
+    from tokenbucket.train.packed_tower import PackedTowerCollate
     from tokenbucket.train.packing import PackedBatchSampler, PackedCollate, block_diagonal_mask
     from tokenbucket.train.risk import RiskSplitSampler
     from tokenbucket.train.sampler import BucketBatchSampler
@@ -209,6 +211,7 @@ __all__ = [
     "PackedBatchSampler",
     "PackedCollate",
     "PackedModalityCollate",
+    "PackedTowerCollate",
     "PlanDriftWarning",
     "PlanError",
     "RiskSplitSampler",

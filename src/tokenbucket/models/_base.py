@@ -29,6 +29,7 @@ __all__ = [
     "Inputs",
     "Shape",
     "TEXT_TOKEN",
+    "TowerImage",
     "VisionInputs",
     "check_frames",
     "check_image_size",
@@ -46,6 +47,18 @@ class VisionInputs:
 
     tower_images: int
     patches_per_image: int
+    llm_tokens: int
+
+
+@dataclass(frozen=True)
+class TowerImage:
+    """One entry of a fixed-tower family's ``pixel_values`` ``[images, channels, side, side]``
+    (a LLaVA-1.5 image, an InternVL tile): ``patches`` tower patches, ``llm_tokens`` image
+    placeholders in the ids (NOTE [ Packed fixed-tower rows ] in :mod:`tokenbucket.train.packed_tower`)."""
+
+    channels: int
+    side: int
+    patches: int
     llm_tokens: int
 
 
@@ -115,6 +128,9 @@ class Family:
             attention runs under an explicit mask (Gemma 3's ``token_type_ids``).
         video_processor: the ``transformers`` video processor class of a family with a video
             path (``None``: a camera's frames reach the model as images, NOTE [ Frames are images ]).
+        unpacked_reason: why :class:`~tokenbucket.train.packed_tower.PackedTowerCollate` does not
+            pack this family, in a few words (``None``: it does, from :meth:`tower_image`;
+            NOTE [ Families a packed row refuses ]).
     """
 
     name: ClassVar[str] = ""
@@ -129,6 +145,7 @@ class Family:
     variable_tokens: ClassVar[bool] = True
     bidirectional_images: ClassVar[bool] = False
     video_processor: ClassVar[str | None] = None
+    unpacked_reason: ClassVar[str | None] = "its processor lays pixels another way than one fixed square an image"
 
     @property
     def has_vision(self) -> bool:
@@ -238,6 +255,12 @@ class Family:
         image to it (:meth:`default_image` of LLaVA-1.5, PaliGemma, Gemma 3)."""
         side = self.vision_int(cfg, "image_size")
         return side, side
+
+    def tower_image(self, cfg: HFConfig) -> TowerImage:
+        """One entry of the processor's ``pixel_values`` under ``cfg``: a family that packs
+        (:attr:`unpacked_reason` ``None``) lays each sample's images ``[images, channels, side,
+        side]``, each ``llm_tokens`` placeholders of the config's image token."""
+        raise AssertionError(f"family {self.name!r} does not lay its images as fixed squares: {self.unpacked_reason}")
 
     # -- stages ---------------------------------------------------------------------------------
 

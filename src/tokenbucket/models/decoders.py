@@ -25,6 +25,7 @@ __all__ = ["FAMILY", "Decoders"]
 
 class Decoders(Family):
     name = "decoders"
+    unpacked_reason = "it has no vision tower: pack its text with PackedCollate"
     model_types = ("llama", "qwen2", "gemma", "gemma2")
     hf_classes = {
         "llama": "LlamaForCausalLM",

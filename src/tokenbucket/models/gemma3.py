@@ -77,6 +77,10 @@ def crops(rule: Mapping[str, Any], height: int, width: int) -> int:
 
 class Gemma3(Family):
     name = "gemma3"
+    unpacked_reason = (
+        "its image tokens attend both ways within each image and its layers alternate with sliding-window ones, "
+        "which one causal block-diagonal mask computes neither of"
+    )
     model_types = ("gemma3",)
     hf_classes = {"gemma3": "Gemma3ForConditionalGeneration"}
     vision_attr = "vision_tower"

@@ -76,6 +76,10 @@ def tiles(rule: Mapping[str, Any], height: int, width: int) -> int:
 
 class Idefics3(Family):
     name = "idefics3"
+    unpacked_reason = (
+        "its processor lays pixel_values [batch, images, C, H, W] beside a pixel_attention_mask; not laid in "
+        "packed rows yet"
+    )
     model_types: ClassVar[tuple[str, ...]] = ("idefics3",)  # smolvlm: its subclass (tokenbucket.models.smolvlm)
     hf_classes: ClassVar[Mapping[str, str]] = {"idefics3": "Idefics3ForConditionalGeneration"}
     vision_attr = "vision_model"

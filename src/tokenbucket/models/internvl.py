@@ -27,7 +27,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
+from tokenbucket.models._base import Family, Inputs, Shape, TowerImage, VisionInputs, token_ids
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models._stages import Projector, VisionTower, unused_layers
 from tokenbucket.models.llava import image_token
@@ -75,6 +75,7 @@ class InternVL(Family):
     text_type = "qwen2"
     vision_types = {"internvl_vision": _TOWER}
     absent_vision = {"internvl": {"model_type": "internvl_vision"}}
+    unpacked_reason = None
 
     def _square(self, cfg: HFConfig, key: str) -> int:
         """``image_size`` / ``patch_size``: an integer or an ``[h, w]`` pair, square (InternVL
@@ -132,6 +133,12 @@ class InternVL(Family):
         cols, rows = tile_grid(height, width, int(rule["tile"]), int(rule["min"]), int(rule["max"]))
         n = cols * rows + (1 if cols * rows > 1 else 0)  # the thumbnail
         return VisionInputs(n, int(rule["patches"]), n * int(rule["seq"]))
+
+    def tower_image(self, cfg: HFConfig) -> TowerImage:
+        """One tile (the thumbnail is one too): ``pixel_values`` holds a sample's tiles, image after image."""
+        rule = self.image_rule(cfg)
+        channels = int(cfg.get(*self.vision_section(cfg), "num_channels", _TOWER["num_channels"]))
+        return TowerImage(channels=channels, side=rule["tile"], patches=rule["patches"], llm_tokens=rule["seq"])
 
     def default_image(self, cfg: HFConfig) -> tuple[int, int]:
         """The grid image with the most tiles (NOTE [ The worst sample of a length ])."""

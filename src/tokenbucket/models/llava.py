@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, fixed_square, token_ids
+from tokenbucket.models._base import Family, Inputs, Shape, TowerImage, VisionInputs, fixed_square, token_ids
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models._stages import Projector, VisionTower, vit_tower
 
@@ -58,6 +58,7 @@ class Llava(Family):
     text_type = "llama"
     vision_types = VIT_DEFAULTS
     absent_vision = {"llava": CLIP_336}
+    unpacked_reason = None
 
     def image_rule(self, cfg: HFConfig) -> dict[str, Any]:
         side, patch = self.vision_int(cfg, "image_size"), self.vision_int(cfg, "patch_size")
@@ -70,6 +71,11 @@ class Llava(Family):
     def spec_fields(self, cfg: HFConfig) -> dict[str, Any] | None:
         rule = self.image_rule(cfg)
         return fixed_square(rule)
+
+    def tower_image(self, cfg: HFConfig) -> TowerImage:
+        rule = self.image_rule(cfg)
+        channels = self.vision_int(cfg, "num_channels")
+        return TowerImage(channels=channels, side=rule["side"], patches=rule["patches"], llm_tokens=rule["tokens"])
 
     def default_image(self, cfg: HFConfig) -> tuple[int, int]:
         return self.tower_square(cfg)

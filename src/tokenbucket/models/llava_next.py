@@ -69,6 +69,10 @@ def unpadded(height: int, width: int, rows: int, cols: int) -> tuple[int, int]:
 
 class LlavaNext(Family):
     name = "llava_next"
+    unpacked_reason = (
+        "its processor pads each image's any-resolution tiles to the batch's most and the model unpads them by "
+        "image_sizes; not laid in packed rows yet"
+    )
     model_types = ("llava_next",)
     hf_classes = {"llava_next": "LlavaNextForConditionalGeneration"}
     vision_attr = "vision_tower"

@@ -123,6 +123,10 @@ def _packed(rule: Mapping[str, Any], height: int, width: int, best_h: int, best_
 
 class LlavaOnevision(Family):
     name = "llava_onevision"
+    unpacked_reason = (
+        "its processor pads each image's any-resolution tiles to the batch's most and the model unpads them by "
+        "image_sizes, and its videos pool each frame; not laid in packed rows yet"
+    )
     model_types = ("llava_onevision",)
     hf_classes = {"llava_onevision": "LlavaOnevisionForConditionalGeneration"}
     vision_attr = "vision_tower"

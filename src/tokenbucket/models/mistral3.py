@@ -69,6 +69,10 @@ def resized(height: int, width: int, longest: int, factor: int, resize: bool = T
 
 class Mistral3(Family):
     name = "mistral3"
+    unpacked_reason = (
+        "its Pixtral tower takes each image at its own size (image_sizes, pixels padded to the batch's largest); "
+        "not laid in packed rows yet"
+    )
     model_types = ("mistral3",)
     hf_classes = {"mistral3": "Mistral3ForConditionalGeneration"}
     vision_attr = "vision_tower"

@@ -31,6 +31,10 @@ _SIGLIP_224 = {"model_type": "siglip_vision_model", "intermediate_size": 4096, "
 
 class PaliGemma(Family):
     name = "paligemma"
+    unpacked_reason = (
+        "its image and prompt attend both ways (a prefix-LM mask) and its positions start at 1, which a causal "
+        "block-diagonal mask from 0 computes neither of"
+    )
     model_types = ("paligemma",)
     hf_classes = {"paligemma": "PaliGemmaForConditionalGeneration"}
     vision_attr = "vision_tower"

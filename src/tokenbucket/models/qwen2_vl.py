@@ -124,6 +124,7 @@ def check_aspect(height: int, width: int) -> None:
 
 class Qwen2VL(Family):
     name = "qwen2_vl"
+    unpacked_reason = "its patch stream and 3-D rope positions are PackedModalityCollate's (rope_config=)"
     model_types: ClassVar[tuple[str, ...]] = ("qwen2_vl", "qwen2_5_vl")
     hf_classes = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
     vision_attr = "visual"

@@ -11,6 +11,8 @@ _keys.py       the keys a collate does not know: stacked, padded with a mask, or
 batch.py       BatchInfo, Batch (.to / .pin_memory), Segment / token_layout, pad_rows: what every collate hands on
 packing.py     PackedBatchSampler, PackedCollate, block-diagonal and flex masks
 packed_modal.py PackedModalityCollate: VLM samples packed whole into rows (both towers' varlen inputs)
+packed_tower.py PackedTowerCollate: fixed-tower VLM samples (LLaVA-1.5, InternVL) packed whole into rows
+_packed_rows.py what both packed VLM collates share: option checks, the rows (the sampler's or next-fit), mask, peak
 packing_2d.py  PackedBatchSampler2D: a two-cap packed plan (plan_packing_2d) each epoch, rows carried to the collate
 risk.py        a batch predicted above the risk threshold, caught before the GPU; RiskSplitSampler
 warmup.py      warm_up: each static bucket shape compiled once, largest first; compile_count (dynamo frames)

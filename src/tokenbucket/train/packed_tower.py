@@ -1,0 +1,385 @@
+"""Packed rows for a VLM with a fixed-size tower (LLaVA-1.5, InternVL): whole samples laid end
+to end in rows of ``pack_length`` LLM tokens, their images in the family's own pixel layout.
+
+NOTE [ Packed fixed-tower rows ]
+A fixed-tower family's processor resizes every image (LLaVA-1.5) or tile (InternVL: an image's
+tiles, then its thumbnail) to the tower's square and writes ``pixel_values`` ``[images, C, side,
+side]`` beside ids that hold ``llm_tokens`` placeholders (``config.image_token_id``) an entry, in
+order (:meth:`~tokenbucket.models._base.Family.tower_image`). The model runs the tower on each
+entry alone and scatters the features into the placeholders in order, batch-wide. So the
+batch's images concatenated in row order, beside rows holding the samples' ids in the same
+order, give every sample's placeholders its own images. :class:`PackedTowerCollate` lays the
+rows as :class:`~tokenbucket.train.packed_modal.PackedModalityCollate` does (NOTE [ Packed VLM
+rows ]): ``input_ids``, ``labels`` (NOTE [ Labels in a packed row ]), ``segment_ids``,
+``position_ids`` (0, 1, ... restarting per sample: these families' rope is 1-D),
+``cu_seqlens`` / ``max_seqlen`` and the causal block-diagonal ``attention_mask``, and beside them
+``pixel_values`` ``[images, C, side, side]`` of the rows' samples in row order, with
+``image_rows`` / ``image_segment_ids``. transformers (5.24) hands the 4-D mask to every layer's
+attention as it is, so ``model(input_ids=..., pixel_values=..., position_ids=..., attention_mask=...)``
+computes per sample what the sample alone computes (tests/test_packed_tower.py, against
+``LlavaForConditionalGeneration`` and ``InternVLForConditionalGeneration``). Padding-free rows
+for flash-attn are taken as NOTE [ Packed rows into flash-attn ] says, with the 1-D positions.
+
+That 4-D mask replaces any sliding window the text model has (Mistral's ``sliding_window``,
+``"sliding_attention"`` in ``layer_types``): a window shorter than ``pack_length`` is refused
+(one at least ``pack_length`` long never binds in a row, packed or alone).
+
+Each item is checked (NOTE [ Items against their metadata ]): its ids hold its whole sequence
+(the breakdown's ``total``) with as many placeholders as its images make and as its metadata's
+cameras make (``temporal x spatial`` each), its pixels are the tower's ``[C, side, side]``, and
+its own attention mask masks none of it.
+
+NOTE [ Families a packed row refuses ]
+A family packs here when one causal block-diagonal mask and 1-D positions restarting at 0
+compute what each sample computes alone, and its pixels are one fixed square an entry; the
+collate refuses the others in one line, with the reason its family module gives
+(:attr:`~tokenbucket.models._base.Family.unpacked_reason`):
+
+* Gemma 3: in training its image tokens attend both ways within each image (``token_type_ids``
+  turn into blocks OR'd into the causal mask) and its layers alternate full and sliding-window
+  attention under two masks. A 4-D mask stands for both, at every layer: packed rows would lose
+  the image blocks and the window. (Packing it needs a mask per layer type with the image
+  blocks inside each sample.)
+* PaliGemma: a prefix-LM (the image and prompt, ``token_type_ids`` 0, attend both ways) whose
+  positions start at 1; a causal mask and positions from 0 compute something else.
+* Qwen2-VL, Qwen2.5-VL, Qwen3-VL: their patch stream and 3-D rope are
+  :class:`~tokenbucket.train.packed_modal.PackedModalityCollate`'s.
+* LLaVA-NeXT, LLaVA-OneVision, Mistral 3, Idefics3 / SmolVLM: their text models are causal, but
+  their pixels are not one fixed square an entry (any-resolution tiles padded per image and
+  unpadded by ``image_sizes``; Pixtral's images at their own sizes; ``[batch, images, C, H, W]``
+  with a ``pixel_attention_mask``): not laid in packed rows yet.
+* plain decoders: no tower; :class:`~tokenbucket.train.packing.PackedCollate` packs text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tokenbucket._exceptions import ConfigError
+from tokenbucket.cost.staged_packed import StagedPackedModel
+from tokenbucket.models import family
+from tokenbucket.models._base import TowerImage
+from tokenbucket.models._hf_json import HFConfig
+from tokenbucket.plan._search import PredictsMemory
+from tokenbucket.train._cameras import as_mapping
+from tokenbucket.train._keys import ItemTemplates, Ragged, check_ragged, collate_keys, to_tensor
+from tokenbucket.train._packed_rows import check_packed_options, dense_mask, packed_peak, packed_rows, warn_mask_size
+from tokenbucket.train._patches import describe
+from tokenbucket.train.batch import Batch, EmptyRow
+from tokenbucket.train.modal import ModalityKeys
+from tokenbucket.train.packing import cu_seqlens_of
+from tokenbucket.train.risk import check_planned_model
+from tokenbucket.train.sampler import position_of
+from tokenbucket.train.shaping import ShapedData
+
+__all__ = ["PackedTowerCollate"]
+
+_RESERVED = ("index", "info", "meta")  # the packed batch's own
+
+
+@dataclass
+class _Sample:
+    """One real item, read and checked: its ids (the whole sequence), labels, per-token types
+    and images ``[images, C, side, side]``."""
+
+    index: int
+    item: Mapping[str, object]
+    ids: torch.Tensor
+    labels: torch.Tensor | None
+    types: dict[str, torch.Tensor]
+    pixels: torch.Tensor | None
+
+
+class PackedTowerCollate:
+    """Packs a batch of ``(index, item)`` samples of a fixed-tower VLM into ``rows_per_batch``
+    rows of ``pack_length`` LLM tokens (NOTE [ Packed fixed-tower rows ]).
+
+    Items are the family's processor output (``return_tensors="pt"``): ``input_ids`` holding
+    the whole sequence (placeholders expanded), ``pixel_values`` ``[images, C, side, side]``
+    (absent for a sample without images), optionally ``labels``, ``attention_mask`` and per-token
+    types (``keys.token_types``).
+
+    Returns a :class:`~tokenbucket.train.batch.Batch` holding, for ``R`` rows of ``P`` tokens:
+
+    - ``input_ids``, ``labels`` (NOTE [ Labels in a packed row ]), each of ``keys.token_types``
+      the items carry, ``segment_ids`` (int32, 1, 2, ... per sample of a row, 0 on padding),
+      ``position_ids`` (0, 1, ... restarting per sample): ``[R, P]``; ``cu_seqlens`` (int32) and
+      ``max_seqlen`` over the real tokens in row order; ``attention_mask`` ``[R, 1, P, P]``
+      unless ``mask_dtype`` is None.
+    - ``pixel_values`` ``[images, C, side, side]`` (every image of every row, in row order),
+      ``image_rows`` and ``image_segment_ids`` ``[images]``.
+    - ``index``: per row, the dataset indices of its samples (``[]`` for an empty row); every
+      other key of the items one entry a sample, in the order of ``index`` row after row
+      (NOTE [ Every item key reaches the batch ]), and ``meta`` (the metadata's extra columns).
+    - ``info``: a :class:`~tokenbucket.train.batch.BatchInfo` of shape ``(R, P)``, its peak
+      predicted with ``cost_model`` when given.
+
+    The rows are the sampler's when it chose them (:class:`~tokenbucket.train.packing_2d.PackedBatchSampler2D`,
+    NOTE [ Rows through the workers ]), else the batch's samples refilled next-fit under both
+    caps; each row is checked against ``pack_length`` and ``row_patches``.
+
+    Args:
+        data: the bucketed dataset (a :class:`~tokenbucket.train.collate.TokenBucketDataset`).
+        pack_length: LLM tokens per row (a two-cap plan's ``row_tokens``).
+        rows_per_batch: rows per batch; ``None``: as many as the batch needs.
+        config: the model's transformers config (``LlavaConfig``, ``InternVLConfig``): its family
+            lays the pixels, its ``image_token_id`` marks the placeholders; a family that cannot
+            be packed is refused (NOTE [ Families a packed row refuses ]).
+        row_patches: tower patches per row (a two-cap plan's ``row_patches``; an image is the
+            family's ``patches``); ``None``: not capped.
+        mask_dtype: ``torch.bool`` (SDPA), a float dtype (an additive mask, for eager attention)
+            or ``None`` (no dense mask: flash-attn varlen, NOTE [ Packed rows into flash-attn ]).
+        keys: the item keys to read (:class:`~tokenbucket.train.modal.ModalityKeys`).
+        ragged: ``"pad"`` or ``"list"`` for other keys whose tensors differ in shape.
+        pad_id, label_pad_id: the padding of ``input_ids`` and ``labels``.
+        make_labels: labels from the ids where an item has none.
+        cost_model: predicts each batch's peak at ``(R, P)``; a ``StagedPackedModel`` at ``(R, P)``
+            and the batch's own patches and image tokens (NOTE [ A packed row's price ]).
+
+    Raises:
+        ConfigError: (on construction) a family that cannot be packed, a config without an image
+            token or whose sliding window is shorter than ``pack_length``; (on a call) an item
+            that disagrees with its metadata or the tower, a sample longer than ``pack_length``
+            or with more patches than ``row_patches``, a row over either cap or more rows than
+            ``rows_per_batch``: each in one line naming the sample or row.
+
+    Warns:
+        UserWarning: once per collate object, when the dense mask would pass 256 MiB
+            (NOTE [ Dense mask size ]).
+    """
+
+    def __init__(
+        self,
+        data: ShapedData,
+        pack_length: int,
+        rows_per_batch: int | None = None,
+        *,
+        config: object,
+        row_patches: int | None = None,
+        mask_dtype: torch.dtype | None = torch.bool,
+        keys: ModalityKeys | None = None,
+        ragged: Ragged = "pad",
+        pad_id: int = 0,
+        label_pad_id: int = -100,
+        make_labels: bool = True,
+        cost_model: PredictsMemory | StagedPackedModel | None = None,
+    ) -> None:
+        check_packed_options(pack_length, rows_per_batch, row_patches, mask_dtype)
+        self.tower, self.image_token_id = _tower_of(config, pack_length)
+        check_ragged(ragged)
+        check_planned_model(data, cost_model)  # NOTE [ A cost model beside its manifest ]
+        self.data, self.pack_length, self.rows_per_batch = data, pack_length, rows_per_batch
+        self.row_patches, self.mask_dtype, self.cost_model = row_patches, mask_dtype, cost_model
+        self.keys = keys if keys is not None else ModalityKeys()
+        self.ragged, self.pad_id, self.label_pad_id = ragged, int(pad_id), int(label_pad_id)
+        self.make_labels = make_labels
+        self._templates = ItemTemplates(data)
+        self._warned_mask = False
+
+    def __call__(self, batch: Sequence[tuple[int, object]]) -> Batch:
+        samples = [self._read(i, item) for i, item in batch if not isinstance(item, EmptyRow)]
+        real = [s.index for s in samples]
+        lengths = [int(s.ids.shape[0]) for s in samples]
+        patches = [self._images(s) * self.tower.patches for s in samples]
+        fit = packed_rows(  # NOTE [ Rows through the workers ]
+            batch,
+            real,
+            lengths,
+            patches,
+            pack_length=self.pack_length,
+            rows_per_batch=self.rows_per_batch,
+            row_patches=self.row_patches,
+            key_of=self.data.key,
+        )
+        R = self.rows_per_batch if self.rows_per_batch is not None else max(1, len(fit))
+        order = [samples[s] for row in fit for s in row]  # row order (the batch's: rows are contiguous)
+        out = Batch()
+        self._text(out, samples, fit, R)
+        self._pixels(out, samples, fit)
+        if self.mask_dtype is not None:  # NOTE [ Packed rows into flash-attn ]: None, no dense mask
+            self._warned_mask = warn_mask_size(R, self.pack_length, self._warned_mask)
+            out["attention_mask"] = dense_mask(out["segment_ids"], self.mask_dtype)
+        k = self.keys
+        used = {k.input_ids, k.labels, k.attention_mask, k.pixel_values, *k.token_types}
+        items = [s.item for s in order]
+        if not items:  # a batch of empty rows: the keys and shapes of a real sample
+            i, item = self._templates(0)
+            items = [as_mapping(i, item, self.data.key(i))]
+        # NOTE [ Every item key reaches the batch ]: one entry a sample
+        collate_keys(out, items, len(order), len(order), ragged=self.ragged, used=used, reserved=_RESERVED)
+        indices = [s.index for s in order]
+        out["index"] = [[real[s] for s in row] for row in fit] + [[] for _ in range(R - len(fit))]
+        out["meta"] = self.data.metadata_columns(indices)
+        image_tokens = int(out[k.input_ids].eq(self.image_token_id).sum())
+        peak = packed_peak(self.cost_model, R, self.pack_length, sum(patches), image_tokens)
+        info = self.data.batch_info(indices, bucket=0, shape=(R, self.pack_length), predicted_peak_bytes=peak)
+        if position_of(batch) is not None:  # NOTE [ Position through the workers ]
+            info = dataclasses.replace(info, position=position_of(batch))
+        out["info"] = info
+        return out
+
+    @staticmethod
+    def _images(sample: _Sample) -> int:
+        return 0 if sample.pixels is None else int(sample.pixels.shape[0])
+
+    def _read(self, index: int, item: object) -> _Sample:
+        """One item, checked against its metadata and the tower (NOTE [ Packed fixed-tower rows ])."""
+        k, tower = self.keys, self.tower
+        key = self.data.key(index)
+        item = as_mapping(index, item, key)
+        where = f"sample {index} (key {key!r}): its"
+        if item.get(k.input_ids) is None:
+            raise ConfigError(f"{where} item has no {k.input_ids!r}; a packed row is made of the samples' token ids")
+        ids = _vector(item[k.input_ids], f"{where} {k.input_ids!r}")
+        n, bd = int(ids.shape[0]), self.data.breakdown(index)
+        if n != bd.total:
+            raise ConfigError(
+                f"{where} {k.input_ids!r} hold {n} tokens, but its metadata says total={bd.total}; a packed row needs "
+                f"ids that hold the whole sequence (image placeholders expanded), as a processor writes them"
+            )
+        mask = item.get(k.attention_mask)
+        if mask is not None and not bool(_vector(mask, f"{where} {k.attention_mask!r}", n).bool().all()):
+            raise ConfigError(
+                f"{where} {k.attention_mask!r} masks tokens of its own sequence; a packed row holds whole samples "
+                f"(padding has no place in it)"
+            )
+        labels = item.get(k.labels)
+        target = _vector(labels, f"{where} {k.labels!r}", n) if labels is not None else None
+        if target is None and self.make_labels:
+            target = ids.clone()
+        types = {t: _vector(item[t], f"{where} {t!r}", n) for t in k.token_types if item.get(t) is not None}
+        pixels = to_tensor(item.get(k.pixel_values), lists=False)
+        square = (tower.channels, tower.side, tower.side)
+        if pixels is not None and pixels.ndim == 3:
+            pixels = pixels[None]
+        if item.get(k.pixel_values) is not None and (
+            pixels is None or pixels.ndim != 4 or tuple(pixels.shape[1:]) != square
+        ):
+            raise ConfigError(
+                f"{where} {k.pixel_values!r} should be [images, {', '.join(map(str, square))}] (the tower's square), "
+                f"but got {describe(item.get(k.pixel_values))}"
+            )
+        images = 0 if pixels is None else int(pixels.shape[0])
+        held = int(ids.eq(self.image_token_id).sum())
+        cameras = sum(cam.temporal * cam.spatial for cam in bd.cameras if not cam.empty_slot)
+        if held != cameras or held != images * tower.llm_tokens:
+            raise ConfigError(
+                f"{where} {k.input_ids!r} hold {held} image placeholders (image_token_id={self.image_token_id}), but "
+                f"its {k.pixel_values!r} hold {images} images of {tower.llm_tokens} tokens ({images * tower.llm_tokens}) "
+                f"and its metadata's cameras make {cameras}"
+            )
+        return _Sample(index, item, ids, target, types, pixels)
+
+    def _text(self, out: Batch, samples: list[_Sample], fit: list[list[int]], R: int) -> None:
+        """The LLM side of the rows (NOTE [ Packed VLM rows ])."""
+        k, P = self.keys, self.pack_length
+        dtype = samples[0].ids.dtype if samples else torch.long
+        ids = torch.full((R, P), self.pad_id, dtype=dtype)
+        labels = (
+            torch.full((R, P), self.label_pad_id, dtype=dtype) if any(s.labels is not None for s in samples) else None
+        )
+        types = {t: torch.zeros((R, P), dtype=s.types[t].dtype) for s in samples for t in s.types}
+        segment = torch.zeros(R, P, dtype=torch.int32)
+        position = torch.zeros(R, P, dtype=torch.long)
+        seqlens: list[int] = []
+        for r, row in enumerate(fit):
+            start = 0
+            for seg, s in enumerate(row, start=1):
+                sample = samples[s]
+                n = int(sample.ids.shape[0])
+                span = slice(start, start + n)
+                ids[r, span] = sample.ids
+                if labels is not None and sample.labels is not None:
+                    labels[r, span] = sample.labels
+                    labels[r, start] = self.label_pad_id  # NOTE [ Labels in a packed row ]
+                for t, value in sample.types.items():
+                    types[t][r, span] = value
+                segment[r, span] = seg
+                position[r, span] = torch.arange(n)
+                seqlens.append(n)
+                start += n
+        out[k.input_ids] = ids
+        if labels is not None:
+            out[k.labels] = labels
+        out.update(types)
+        out["segment_ids"], out["position_ids"] = segment, position
+        out["cu_seqlens"], out["max_seqlen"] = cu_seqlens_of(seqlens), max(seqlens, default=0)
+
+    def _pixels(self, out: Batch, samples: list[_Sample], fit: list[list[int]]) -> None:
+        """Every image of every row, in row order, with its row and segment."""
+        tower = self.tower
+        pixels, rows, segments = [], [], []
+        for r, row in enumerate(fit):
+            for seg, s in enumerate(row, start=1):
+                mine = samples[s].pixels
+                if mine is not None and mine.shape[0]:
+                    pixels.append(mine)
+                    rows += [r] * mine.shape[0]
+                    segments += [seg] * mine.shape[0]
+        dtypes = {p.dtype for p in pixels}
+        if len(dtypes) > 1:
+            raise ConfigError(f"the batch's {self.keys.pixel_values!r} differ in dtype {sorted(map(str, dtypes))}")
+        empty = torch.zeros((0, tower.channels, tower.side, tower.side))
+        out[self.keys.pixel_values] = torch.cat(pixels) if pixels else empty
+        out["image_rows"] = torch.tensor(rows, dtype=torch.long)
+        out["image_segment_ids"] = torch.tensor(segments, dtype=torch.int32)
+
+
+def _tower_of(config: object, pack_length: int) -> tuple[TowerImage, int]:
+    """The family's pixel layout and image token under ``config`` (a transformers config), or a
+    one-line refusal (NOTE [ Families a packed row refuses ], NOTE [ Packed fixed-tower rows ])."""
+    model_type = getattr(config, "model_type", None)
+    to_dict = getattr(config, "to_dict", None)
+    if not isinstance(model_type, str) or not callable(to_dict):
+        raise ConfigError(
+            f"config should be the model's transformers config (LlavaConfig, InternVLConfig, ...), but got "
+            f"{type(config).__name__}"
+        )
+    fam = family(model_type)
+    if fam.unpacked_reason is not None:
+        raise ConfigError(
+            f"model_type {model_type!r} cannot be packed by PackedTowerCollate: {fam.unpacked_reason} "
+            f"(NOTE [ Families a packed row refuses ])"
+        )
+    tower = fam.tower_image(HFConfig(f"<{type(config).__name__}>", to_dict()))
+    token = getattr(config, "image_token_id", None)
+    token = getattr(config, "image_token_index", None) if token is None else token
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        raise ConfigError(f"config (model_type={model_type!r}) has no image_token_id, but got {token!r}")
+    get_text = getattr(config, "get_text_config", None)
+    text = get_text() if callable(get_text) else config
+    window = _window(text)
+    if window is not None and window < pack_length:
+        raise ConfigError(
+            f"config (model_type={model_type!r}): its text model attends within a sliding window of {window} tokens, "
+            f"shorter than pack_length={pack_length}; a packed row's 4-D mask replaces the window "
+            f"(NOTE [ Packed fixed-tower rows ])"
+        )
+    return tower, token
+
+
+def _window(text: object) -> int | None:
+    """The sliding window a text config's layers attend within (``None``: none)."""
+    window = getattr(text, "sliding_window", None)
+    if window is None:
+        return None
+    types = getattr(text, "layer_types", None)
+    if types is not None:
+        return int(window) if "sliding_attention" in types else None
+    return None if getattr(text, "use_sliding_window", True) is False else int(window)
+
+
+def _vector(value: object, where: str, length: int | None = None) -> torch.Tensor:
+    """A per-token value ``[L]`` (or a processor's ``[1, L]``) of ``length`` tokens when given."""
+    x = to_tensor(value)
+    if x is not None and x.ndim == 2 and x.shape[0] == 1:
+        x = x[0]
+    if x is None or x.ndim != 1:
+        raise ConfigError(f"{where} should be [L] (or [1, L]), but got {describe(value)}")
+    if length is not None and x.shape[0] != length:
+        raise ConfigError(f"{where} holds {x.shape[0]} tokens, but the input ids hold {length}")
+    return x
