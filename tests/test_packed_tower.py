@@ -23,6 +23,7 @@ from tokenbucket.models import family
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.plan.packing_2d import plan_packing_2d
 from tokenbucket.tokens.hf import HFConfig, token_spec_from_hf
+from tokenbucket.train.batch import EmptyRow
 from tokenbucket.train.collate import TokenBucketDataset
 from tokenbucket.train.packed_tower import PackedTowerCollate
 from tokenbucket.train.packing_2d import PackedBatchSampler2D
@@ -246,6 +247,22 @@ def test_packed_tower_row_lays_ids_labels_positions_and_images_in_row_order(fam:
     a, b = lengths[0], lengths[0] + lengths[1]
     assert torch.equal(mask[:a, :a], torch.ones(a, a, dtype=torch.bool).tril())
     assert not mask[a:b, :a].any() and torch.equal(mask[a:b, a:b], torch.ones(b - a, b - a, dtype=torch.bool).tril())
+
+
+def test_packed_tower_padding_batch_runs_through_the_model_and_scores_nothing(fam: Family_) -> None:
+    # a rank's padding batch (one empty row, NOTE [ Two-cap packing each epoch ]) and a row of text only
+    for picked in ([], [2]):
+        items = [fam.data[i] for i in picked] or [(len(fam.data), EmptyRow(0))]
+        batch = PackedTowerCollate(fam.data, PACK, 2, config=fam.config)(items)
+        assert batch["index"] == [picked, []] and "pixel_values" not in batch and not len(batch["image_rows"])
+        assert batch["labels"].shape == (2, PACK) and int(batch["labels"].ne(-100).sum()) == (
+            int(fam.data[2][1]["labels"].ne(-100).sum()) if picked else 0
+        )
+        with torch.no_grad():
+            logits = fam.model(input_ids=batch["input_ids"], pixel_values=batch.get("pixel_values"),
+                               position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]).logits  # fmt: skip
+        if picked:
+            assert float((logits[0, : fam.alone[2].shape[0]] - fam.alone[2]).abs().max()) <= 1e-5
 
 
 def test_packed_tower_items_that_disagree_are_one_line_config_errors(fam: Family_) -> None:

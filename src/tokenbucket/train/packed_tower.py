@@ -110,7 +110,9 @@ class PackedTowerCollate:
       ``position_ids`` (0, 1, ... restarting per sample): ``[R, P]``; ``cu_seqlens`` (int32) and
       ``max_seqlen`` over the real tokens in row order; ``attention_mask`` ``[R, 1, P, P]``
       unless ``mask_dtype`` is None.
-    - ``pixel_values`` ``[images, C, side, side]`` (every image of every row, in row order),
+    - ``pixel_values`` ``[images, C, side, side]`` (every image of every row, in row order;
+      absent from a batch without images, such as a rank's padding batch: transformers' towers
+      refuse an empty one, so ``model(pixel_values=batch.get("pixel_values"), ...)``),
       ``image_rows`` and ``image_segment_ids`` ``[images]``.
     - ``index``: per row, the dataset indices of its samples (``[]`` for an empty row); every
       other key of the items one entry a sample, in the order of ``index`` row after row
@@ -279,9 +281,8 @@ class PackedTowerCollate:
         k, P = self.keys, self.pack_length
         dtype = samples[0].ids.dtype if samples else torch.long
         ids = torch.full((R, P), self.pad_id, dtype=dtype)
-        labels = (
-            torch.full((R, P), self.label_pad_id, dtype=dtype) if any(s.labels is not None for s in samples) else None
-        )
+        with_labels = self.make_labels or any(s.labels is not None for s in samples)
+        labels = torch.full((R, P), self.label_pad_id, dtype=dtype) if with_labels else None
         types = {t: torch.zeros((R, P), dtype=s.types[t].dtype) for s in samples for t in s.types}
         segment = torch.zeros(R, P, dtype=torch.int32)
         position = torch.zeros(R, P, dtype=torch.long)
@@ -311,7 +312,6 @@ class PackedTowerCollate:
 
     def _pixels(self, out: Batch, samples: list[_Sample], fit: list[list[int]]) -> None:
         """Every image of every row, in row order, with its row and segment."""
-        tower = self.tower
         pixels, rows, segments = [], [], []
         for r, row in enumerate(fit):
             for seg, s in enumerate(row, start=1):
@@ -323,8 +323,8 @@ class PackedTowerCollate:
         dtypes = {p.dtype for p in pixels}
         if len(dtypes) > 1:
             raise ConfigError(f"the batch's {self.keys.pixel_values!r} differ in dtype {sorted(map(str, dtypes))}")
-        empty = torch.zeros((0, tower.channels, tower.side, tower.side))
-        out[self.keys.pixel_values] = torch.cat(pixels) if pixels else empty
+        if pixels:  # none: no key (a transformers tower refuses an empty batch of images)
+            out[self.keys.pixel_values] = torch.cat(pixels)
         out["image_rows"] = torch.tensor(rows, dtype=torch.long)
         out["image_segment_ids"] = torch.tensor(segments, dtype=torch.int32)
 
