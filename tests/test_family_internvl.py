@@ -21,7 +21,7 @@ from tests.test_cli_errors import cli
 from tests.test_families import GRID, _mismatches
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.hf_model import staged_from_config
-from tokenbucket.cost.staged import ERROR_BAND
+from tokenbucket.cost.staged import ERROR_BAND, Sample, StagedCostModel
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.tokens.hf import token_spec_from_hf, vision_inputs
 
@@ -92,6 +92,19 @@ def test_internvl_480x640_is_13_tiles_and_3328_tokens_and_the_worst_image_has_th
     h, w = FAMILY.default_image(cfg)
     assert vision_inputs(cfg, h, w).tower_images == 13  # 12 tiles and the thumbnail
     assert FAMILY.default_image(HFConfig("<i>", INTERNVL3_1B, {"max_patches": 1})) == (448, 448)
+
+
+def test_internvl_staged_model_without_its_config_refuses_images_in_one_line() -> None:
+    # without its config the tiles are unknown: one pass of 256 tokens would price a 480x640
+    # image at 1/13 of the processor's 3,328 tokens; refuse rather than under-price
+    cfg = HFConfig("<i>", INTERNVL3_1B, PRE)
+    blind = StagedCostModel(staged_from_config(cfg))
+    with pytest.raises(ConfigError, match=r"config=") as caught:
+        blind.memory(1, Sample(images=1, height=480, width=640, text_tokens=16))
+    assert "\n" not in str(caught.value)
+    assert blind.memory(1, Sample(text_tokens=16)).peak_bytes > 0  # text alone needs no tiles
+    seeing = StagedCostModel(staged_from_config(cfg), config=cfg)
+    assert seeing.vision_inputs(Sample(images=1, height=480, width=640)).llm_tokens == 3328
 
 
 def test_internvl_params_equal_transformers_on_the_meta_device() -> None:

@@ -306,8 +306,12 @@ class StagedCostModel:
             )
         if self.config is None:
             tower = self.model.vision[0]
-            if tower.tokens_per_image is None:
-                raise AssertionError("a dynamic-resolution tower needs its config")
+            mt = self.model.model_type
+            if tower.tokens_per_image is None or (mt in models.MODULES and models.family(mt).variable_tokens):
+                raise ConfigError(
+                    f"model {self.model.name!r} ({mt}) gives an image tokens and tower passes by its size (tiles, "
+                    "resolution), which its config decides: give StagedCostModel its config (config=...)"
+                )
             side = tower.image_size or tower.patch
             return VisionInputs(1, tower.tokens_per_image, (side // tower.patch) ** 2)
         images = sample.images or sample.videos * sample.frames

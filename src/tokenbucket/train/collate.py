@@ -36,6 +36,8 @@ from torch.utils.data import Dataset
 from tokenbucket._exceptions import ConfigError, MissingColumnError
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.bucket_plan import BucketPlan
+from tokenbucket.plan.buckets_2d import DYNAMIC_2D_KEY
+from tokenbucket.plan.dynamic_manifest import rebuilt_cost_model
 from tokenbucket.plan.manifest import Manifest
 from tokenbucket.tokens.breakdown import TokenBreakdown, breakdown_sample, breakdown_table
 from tokenbucket.tokens.metadata import table_from_rows
@@ -302,9 +304,6 @@ class TokenBucketDataset(Dataset[Any]):
     # ``dynamic=DynamicFill(...)``, as before.
     def _dynamic_cut(self, seed: int | None) -> tuple[DynamicFill2D, int]:
         """A 2D dynamic plan's cut from the model it records (NOTE [ A dynamic plan's sampler ])."""
-        from tokenbucket.plan.buckets_2d import DYNAMIC_2D_KEY
-        from tokenbucket.plan.dynamic_manifest import rebuilt_cost_model
-
         record = self.plan.meta.get(DYNAMIC_2D_KEY)
         if not (isinstance(record, dict) and record.get("cost_model") is not None):
             raise ConfigError(
