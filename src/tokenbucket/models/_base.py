@@ -28,6 +28,8 @@ __all__ = [
     "Family",
     "Inputs",
     "Shape",
+    "SizedImage",
+    "SizedLayout",
     "TEXT_TOKEN",
     "TowerImage",
     "VisionInputs",
@@ -60,6 +62,36 @@ class TowerImage:
     side: int
     patches: int
     llm_tokens: int
+
+
+@dataclass(frozen=True)
+class SizedLayout:
+    """How a family whose processor writes ``image_sizes`` beside ``pixel_values`` lays a
+    sample's images (NOTE [ Packed sized-image rows ] in :mod:`tokenbucket.train.packed_tower`):
+    any-resolution ``tiles`` of a ``side`` square, ``[images, tiles, channels, side, side]`` with
+    each image's tiles padded to the batch's most (LLaVA-NeXT, LLaVA-OneVision), or each image
+    at its own size, ``[images, channels, H, W]`` padded to the batch's largest, every side a
+    multiple of ``side`` (Pixtral's patch x merge: Mistral 3). ``sample_counts``: the model reads
+    each sample's image count (``batch_num_images``); ``rule``: what :meth:`Family.sized_image` takes."""
+
+    tiles: bool
+    channels: int
+    side: int
+    sample_counts: bool
+    rule: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SizedImage:
+    """What the model makes of one entry of ``image_sizes`` (:meth:`Family.sized_image`):
+    ``tiles`` tower passes (1 for an image at its own size), ``patches`` tower patches in all,
+    ``llm_tokens`` LLM positions (what the metadata counts) of which ``placeholders`` hold the
+    config's image token (the rest: Pixtral's row breaks)."""
+
+    tiles: int
+    patches: int
+    llm_tokens: int
+    placeholders: int
 
 
 def check_frames(frames: object, fps: object = None) -> None:
@@ -131,6 +163,8 @@ class Family:
         unpacked_reason: why :class:`~tokenbucket.train.packed_tower.PackedTowerCollate` does not
             pack this family, in a few words (``None``: it does, from :meth:`tower_image`;
             NOTE [ Families a packed row refuses ]).
+        sized_pixels: its processor writes ``image_sizes`` beside ``pixel_values``, and a packed
+            row lays them by :meth:`sized_layout` and :meth:`sized_image` (``False``: by :meth:`tower_image`).
     """
 
     name: ClassVar[str] = ""
@@ -146,6 +180,7 @@ class Family:
     bidirectional_images: ClassVar[bool] = False
     video_processor: ClassVar[str | None] = None
     unpacked_reason: ClassVar[str | None] = "its processor lays pixels another way than one fixed square an image"
+    sized_pixels: ClassVar[bool] = False
 
     @property
     def has_vision(self) -> bool:
@@ -261,6 +296,17 @@ class Family:
         (:attr:`unpacked_reason` ``None``) lays each sample's images ``[images, channels, side,
         side]``, each ``llm_tokens`` placeholders of the config's image token."""
         raise AssertionError(f"family {self.name!r} does not lay its images as fixed squares: {self.unpacked_reason}")
+
+    def sized_layout(self, cfg: HFConfig) -> SizedLayout:
+        """How the processor lays a sample's images beside ``image_sizes`` under ``cfg`` (a family
+        with :attr:`sized_pixels`; NOTE [ Packed sized-image rows ])."""
+        raise AssertionError(f"family {self.name!r} writes no image_sizes")
+
+    def sized_image(self, rule: Mapping[str, Any], height: int, width: int, images: int) -> SizedImage:
+        """What the model makes of one image whose ``image_sizes`` entry is ``height x width``,
+        one of ``images`` images of its sample, under :meth:`sized_layout`'s ``rule``: the
+        model's own count from the sizes it reads (for Pixtral, the processor's output sides)."""
+        raise AssertionError(f"family {self.name!r} writes no image_sizes")
 
     # -- stages ---------------------------------------------------------------------------------
 

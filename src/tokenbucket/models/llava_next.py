@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenbucket import _values as V
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
+from tokenbucket.models._base import Family, Inputs, Shape, SizedImage, SizedLayout, VisionInputs, token_ids
 from tokenbucket.models._hf_json import HFConfig, is_side
 from tokenbucket.models._stages import Projector, VisionTower, vit_tower
 from tokenbucket.models.llava import CLIP_336, VIT_DEFAULTS, image_token, select_extra
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
-__all__ = ["FAMILY", "LLAVA_PINPOINTS", "LlavaNext", "best_resolution", "pinpoints", "unpadded"]
+__all__ = ["FAMILY", "LLAVA_PINPOINTS", "LlavaNext", "best_resolution", "pinpoints", "tiled_image", "unpadded"]
 
 LLAVA_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
 
@@ -69,10 +69,8 @@ def unpadded(height: int, width: int, rows: int, cols: int) -> tuple[int, int]:
 
 class LlavaNext(Family):
     name = "llava_next"
-    unpacked_reason = (
-        "its processor pads each image's any-resolution tiles to the batch's most and the model unpads them by "
-        "image_sizes; not laid in packed rows yet"
-    )
+    unpacked_reason = None
+    sized_pixels = True
     model_types = ("llava_next",)
     hf_classes = {"llava_next": "LlavaNextForConditionalGeneration"}
     vision_attr = "vision_tower"
@@ -91,6 +89,13 @@ class LlavaNext(Family):
         rows, cols = unpadded(height, width, grid * (best_h // side), grid * (best_w // side))
         tokens = rows * cols + rows + grid * grid + int(rule["extra"])
         return VisionInputs((best_h // side) * (best_w // side) + 1, grid * grid + 1, tokens)
+
+    def sized_layout(self, cfg: HFConfig) -> SizedLayout:
+        rule = self.image_rule(cfg)
+        return SizedLayout(True, self.vision_int(cfg, "num_channels"), int(rule["side"]), False, rule)
+
+    def sized_image(self, rule: Mapping[str, Any], height: int, width: int, images: int) -> SizedImage:
+        return tiled_image(self.sample_rule_inputs(rule, height, width, images))
 
     def default_image(self, cfg: HFConfig) -> tuple[int, int]:
         best = max(pinpoints(cfg), key=lambda hw: self.vision_inputs(cfg, hw[0], hw[1]).llm_tokens)
@@ -117,6 +122,11 @@ class LlavaNext(Family):
         count = shape.images * shape.batch
         real = {"input_ids": ids, "image_sizes": torch.tensor([[shape.height, shape.width]] * count, dtype=torch.long)}
         return real, {"pixel_values": ((count, vi.tower_images, 3, side, side), dtype)}
+
+
+def tiled_image(vi: VisionInputs) -> SizedImage:
+    """An any-resolution image's tiles: its LLM tokens are all image placeholders (the newlines too)."""
+    return SizedImage(vi.tower_images, vi.tower_images * vi.patches_per_image, vi.llm_tokens, vi.llm_tokens)
 
 
 FAMILY = LlavaNext()

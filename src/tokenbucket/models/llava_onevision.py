@@ -46,11 +46,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
+from tokenbucket.models._base import Family, Inputs, Shape, SizedImage, SizedLayout, VisionInputs, token_ids
 from tokenbucket.models._hf_json import HFConfig, VideoKeys
 from tokenbucket.models._stages import Projector, VisionTower, vit_tower
 from tokenbucket.models.llava import VIT_DEFAULTS, image_token
-from tokenbucket.models.llava_next import best_resolution, pinpoints, unpadded
+from tokenbucket.models.llava_next import best_resolution, pinpoints, tiled_image, unpadded
 
 if TYPE_CHECKING:
     import torch
@@ -123,10 +123,8 @@ def _packed(rule: Mapping[str, Any], height: int, width: int, best_h: int, best_
 
 class LlavaOnevision(Family):
     name = "llava_onevision"
-    unpacked_reason = (
-        "its processor pads each image's any-resolution tiles to the batch's most and the model unpads them by "
-        "image_sizes, and its videos pool each frame; not laid in packed rows yet"
-    )
+    unpacked_reason = None  # its images; a packed row holds no video clips (NOTE [ Packed sized-image rows ])
+    sized_pixels = True
     model_types = ("llava_onevision",)
     hf_classes = {"llava_onevision": "LlavaOnevisionForConditionalGeneration"}
     vision_attr = "vision_tower"
@@ -165,6 +163,14 @@ class LlavaOnevision(Family):
             return self.rule_inputs(rule, height, width)
         grid = int(rule["side"]) // int(rule["patch"])
         return VisionInputs(1, grid * grid, grid * grid + 1 + int(rule["extra"]))  # one crop and its newline
+
+    def sized_layout(self, cfg: HFConfig) -> SizedLayout:
+        # the model tiles a sample's lone image only: it reads each sample's image count
+        rule = self.image_rule(cfg)
+        return SizedLayout(True, self.vision_int(cfg, "num_channels"), int(rule["side"]), True, rule)
+
+    def sized_image(self, rule: Mapping[str, Any], height: int, width: int, images: int) -> SizedImage:
+        return tiled_image(self.sample_rule_inputs(rule, height, width, images))
 
     def video_rule(self, cfg: HFConfig) -> dict[str, Any]:
         keys = cfg.video_reader(ONEVISION_VIDEO)

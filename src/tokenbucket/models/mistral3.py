@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
+from tokenbucket.models._base import Family, Inputs, Shape, SizedImage, SizedLayout, VisionInputs, token_ids
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models._stages import Projector, VisionTower, unused_layers
 from tokenbucket.models.llava import image_token
@@ -69,10 +69,8 @@ def resized(height: int, width: int, longest: int, factor: int, resize: bool = T
 
 class Mistral3(Family):
     name = "mistral3"
-    unpacked_reason = (
-        "its Pixtral tower takes each image at its own size (image_sizes, pixels padded to the batch's largest); "
-        "not laid in packed rows yet"
-    )
+    unpacked_reason = None
+    sized_pixels = True
     model_types = ("mistral3",)
     hf_classes = {"mistral3": "Mistral3ForConditionalGeneration"}
     vision_attr = "vision_tower"
@@ -103,6 +101,17 @@ class Mistral3(Family):
         patch, factor = int(rule["patch"]), int(rule["patch"]) * int(rule["merge"])
         rows, cols = h // factor, w // factor  # the merged grid: rows x (cols + 1) LLM tokens
         return VisionInputs(1, (h // patch) * (w // patch), rows * (cols + 1))
+
+    def sized_layout(self, cfg: HFConfig) -> SizedLayout:
+        rule = self.image_rule(cfg)
+        factor = int(rule["patch"]) * int(rule["merge"])
+        return SizedLayout(False, self.vision_int(cfg, "num_channels"), factor, False, rule)
+
+    def sized_image(self, rule: Mapping[str, Any], height: int, width: int, images: int) -> SizedImage:
+        # image_sizes are the processor's output sides (NOTE [ Pixtral row breaks ]): no resize here
+        patch, factor = int(rule["patch"]), int(rule["patch"]) * int(rule["merge"])
+        rows, cols = height // factor, width // factor
+        return SizedImage(1, (height // patch) * (width // patch), rows * (cols + 1), rows * cols)
 
     def default_image(self, cfg: HFConfig) -> tuple[int, int]:
         return 448, 448  # NOTE [ The worst sample of a length ]: VLA cameras run at 224-480 px

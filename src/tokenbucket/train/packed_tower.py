@@ -1,5 +1,7 @@
-"""Packed rows for a VLM with a fixed-size tower (LLaVA-1.5, InternVL): whole samples laid end
-to end in rows of ``pack_length`` LLM tokens, their images in the family's own pixel layout.
+"""Packed rows for a VLM with a fixed-size tower (LLaVA-1.5, InternVL) or whose processor writes
+``image_sizes`` (LLaVA-NeXT, LLaVA-OneVision, Mistral 3; NOTE [ Packed sized-image rows ]):
+whole samples laid end to end in rows of ``pack_length`` LLM tokens, their images in the
+family's own pixel layout.
 
 NOTE [ Packed fixed-tower rows ]
 A fixed-tower family's processor resizes every image (LLaVA-1.5) or tile (InternVL: an image's
@@ -31,8 +33,9 @@ its own attention mask masks none of it.
 
 NOTE [ Families a packed row refuses ]
 A family packs here when one causal block-diagonal mask and 1-D positions restarting at 0
-compute what each sample computes alone, and its pixels are one fixed square an entry; the
-collate refuses the others in one line, with the reason its family module gives
+compute what each sample computes alone, and its pixels are one fixed square an entry or laid
+by ``image_sizes`` (NOTE [ Packed sized-image rows ]); the collate refuses the others in one
+line, with the reason its family module gives
 (:attr:`~tokenbucket.models._base.Family.unpacked_reason`):
 
 * Gemma 3: in training its image tokens attend both ways within each image (``token_type_ids``
@@ -44,10 +47,8 @@ collate refuses the others in one line, with the reason its family module gives
   positions start at 1; a causal mask and positions from 0 compute something else.
 * Qwen2-VL, Qwen2.5-VL, Qwen3-VL: their patch stream and 3-D rope are
   :class:`~tokenbucket.train.packed_modal.PackedModalityCollate`'s.
-* LLaVA-NeXT, LLaVA-OneVision, Mistral 3, Idefics3 / SmolVLM: their text models are causal, but
-  their pixels are not one fixed square an entry (any-resolution tiles padded per image and
-  unpadded by ``image_sizes``; Pixtral's images at their own sizes; ``[batch, images, C, H, W]``
-  with a ``pixel_attention_mask``): not laid in packed rows yet.
+* Idefics3 / SmolVLM: their text models are causal, but their pixels are ``[batch, images, C,
+  H, W]`` beside a ``pixel_attention_mask``: not laid in packed rows yet.
 * plain decoders: no tower; :class:`~tokenbucket.train.packing.PackedCollate` packs text.
 """
 
@@ -62,13 +63,14 @@ import torch
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.staged_packed import StagedPackedModel
 from tokenbucket.models import family
-from tokenbucket.models._base import TowerImage
+from tokenbucket.models._base import Family, SizedLayout, TowerImage
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.train._cameras import as_mapping
 from tokenbucket.train._keys import ItemTemplates, Ragged, check_ragged, collate_keys, to_tensor
 from tokenbucket.train._packed_rows import check_packed_options, dense_mask, packed_peak, packed_rows, warn_mask_size
 from tokenbucket.train._patches import describe
+from tokenbucket.train._sized_pixels import IMAGE_SIZES, SAMPLE_IMAGES, SizedPixels, lay_sized, read_sized
 from tokenbucket.train.batch import Batch, EmptyRow
 from tokenbucket.train.modal import ModalityKeys
 from tokenbucket.train.packing import cu_seqlens_of
@@ -84,7 +86,8 @@ _RESERVED = ("index", "info", "meta")  # the packed batch's own
 @dataclass
 class _Sample:
     """One real item, read and checked: its ids (the whole sequence), labels, per-token types
-    and images ``[images, C, side, side]``."""
+    and images ``[images, C, side, side]`` (or a sized family's, NOTE [ Packed sized-image
+    rows ]), their tower patches and image LLM tokens."""
 
     index: int
     item: Mapping[str, object]
@@ -92,6 +95,9 @@ class _Sample:
     labels: torch.Tensor | None
     types: dict[str, torch.Tensor]
     pixels: torch.Tensor | None
+    sized: SizedPixels | None = None
+    patches: int = 0
+    image_tokens: int = 0
 
 
 class PackedTowerCollate:
@@ -100,8 +106,9 @@ class PackedTowerCollate:
 
     Items are the family's processor output (``return_tensors="pt"``): ``input_ids`` holding
     the whole sequence (placeholders expanded), ``pixel_values`` ``[images, C, side, side]``
-    (absent for a sample without images), optionally ``labels``, ``attention_mask`` and per-token
-    types (``keys.token_types``).
+    (absent for a sample without images; a family that writes ``image_sizes``: its processor's
+    ``pixel_values`` and ``image_sizes``, NOTE [ Packed sized-image rows ]), optionally
+    ``labels``, ``attention_mask`` and per-token types (``keys.token_types``).
 
     Returns a :class:`~tokenbucket.train.batch.Batch` holding, for ``R`` rows of ``P`` tokens:
 
@@ -113,7 +120,10 @@ class PackedTowerCollate:
     - ``pixel_values`` ``[images, C, side, side]`` (every image of every row, in row order;
       absent from a batch without images, such as a rank's padding batch: transformers' towers
       refuse an empty one, so ``model(pixel_values=batch.get("pixel_values"), ...)``),
-      ``image_rows`` and ``image_segment_ids`` ``[images]``.
+      ``image_rows`` and ``image_segment_ids`` ``[images]``. A family that writes
+      ``image_sizes``: its processor's batch layout instead, ``pixel_values`` with
+      ``image_sizes`` ``[images, 2]`` (and OneVision's ``batch_num_images``, a count a sample),
+      NOTE [ Packed sized-image rows ].
     - ``index``: per row, the dataset indices of its samples (``[]`` for an empty row); every
       other key of the items one entry a sample, in the order of ``index`` row after row
       (NOTE [ Every item key reaches the batch ]), and ``meta`` (the metadata's extra columns).
@@ -128,7 +138,8 @@ class PackedTowerCollate:
         data: the bucketed dataset (a :class:`~tokenbucket.train.collate.TokenBucketDataset`).
         pack_length: LLM tokens per row (a two-cap plan's ``row_tokens``).
         rows_per_batch: rows per batch; ``None``: as many as the batch needs.
-        config: the model's transformers config (``LlavaConfig``, ``InternVLConfig``): its family
+        config: the model's transformers config (``LlavaConfig``, ``InternVLConfig``,
+            ``LlavaNextConfig``, ``LlavaOnevisionConfig``, ``Mistral3Config``): its family
             lays the pixels, its ``image_token_id`` marks the placeholders; a family that cannot
             be packed is refused (NOTE [ Families a packed row refuses ]).
         row_patches: tower patches per row (a two-cap plan's ``row_patches``; an image is the
@@ -171,7 +182,7 @@ class PackedTowerCollate:
         cost_model: PredictsMemory | StagedPackedModel | None = None,
     ) -> None:
         check_packed_options(pack_length, rows_per_batch, row_patches, mask_dtype)
-        self.tower, self.image_token_id = _tower_of(config, pack_length)
+        self.tower, self.image_token_id, self._family = _tower_of(config, pack_length)
         check_ragged(ragged)
         check_planned_model(data, cost_model)  # NOTE [ A cost model beside its manifest ]
         self.data, self.pack_length, self.rows_per_batch = data, pack_length, rows_per_batch
@@ -186,7 +197,7 @@ class PackedTowerCollate:
         samples = [self._read(i, item) for i, item in batch if not isinstance(item, EmptyRow)]
         real = [s.index for s in samples]
         lengths = [int(s.ids.shape[0]) for s in samples]
-        patches = [self._images(s) * self.tower.patches for s in samples]
+        patches = [s.patches for s in samples]
         fit = packed_rows(  # NOTE [ Rows through the workers ]
             batch,
             real,
@@ -201,12 +212,18 @@ class PackedTowerCollate:
         order = [samples[s] for row in fit for s in row]  # row order (the batch's: rows are contiguous)
         out = Batch()
         self._text(out, samples, fit, R)
-        self._pixels(out, samples, fit)
+        if isinstance(self.tower, SizedLayout):  # NOTE [ Packed sized-image rows ]
+            out.update(lay_sized(self.tower, [s.sized for s in order], self.keys.pixel_values))
+            self._image_places(out, [len(s.sized.images) if s.sized else 0 for s in samples], fit)
+        else:
+            self._pixels(out, samples, fit)
         if self.mask_dtype is not None:  # NOTE [ Packed rows into flash-attn ]: None, no dense mask
             self._warned_mask = warn_mask_size(R, self.pack_length, self._warned_mask)
             out["attention_mask"] = dense_mask(out["segment_ids"], self.mask_dtype)
         k = self.keys
         used = {k.input_ids, k.labels, k.attention_mask, k.pixel_values, *k.token_types}
+        if isinstance(self.tower, SizedLayout):
+            used |= {IMAGE_SIZES, SAMPLE_IMAGES}
         items = [s.item for s in order]
         if not items:  # a batch of empty rows: the keys and shapes of a real sample
             i, item = self._templates(0)
@@ -216,17 +233,13 @@ class PackedTowerCollate:
         indices = [s.index for s in order]
         out["index"] = [[real[s] for s in row] for row in fit] + [[] for _ in range(R - len(fit))]
         out["meta"] = self.data.metadata_columns(indices)
-        image_tokens = int(out[k.input_ids].eq(self.image_token_id).sum())
+        image_tokens = sum(s.image_tokens for s in samples)
         peak = packed_peak(self.cost_model, R, self.pack_length, sum(patches), image_tokens)
         info = self.data.batch_info(indices, bucket=0, shape=(R, self.pack_length), predicted_peak_bytes=peak)
         if position_of(batch) is not None:  # NOTE [ Position through the workers ]
             info = dataclasses.replace(info, position=position_of(batch))
         out["info"] = info
         return out
-
-    @staticmethod
-    def _images(sample: _Sample) -> int:
-        return 0 if sample.pixels is None else int(sample.pixels.shape[0])
 
     def _read(self, index: int, item: object) -> _Sample:
         """One item, checked against its metadata and the tower (NOTE [ Packed fixed-tower rows ])."""
@@ -254,6 +267,10 @@ class PackedTowerCollate:
         if target is None and self.make_labels:
             target = ids.clone()
         types = {t: _vector(item[t], f"{where} {t!r}", n) for t in k.token_types if item.get(t) is not None}
+        held = int(ids.eq(self.image_token_id).sum())
+        cameras = sum(cam.temporal * cam.spatial for cam in bd.cameras if not cam.empty_slot)
+        if isinstance(tower, SizedLayout):  # NOTE [ Packed sized-image rows ]
+            return self._read_sized(tower, index, item, where, ids, target, types, held, cameras)
         pixels = to_tensor(item.get(k.pixel_values), lists=False)
         square = (tower.channels, tower.side, tower.side)
         if pixels is not None and pixels.ndim == 3:
@@ -266,15 +283,46 @@ class PackedTowerCollate:
                 f"but got {describe(item.get(k.pixel_values))}"
             )
         images = 0 if pixels is None else int(pixels.shape[0])
-        held = int(ids.eq(self.image_token_id).sum())
-        cameras = sum(cam.temporal * cam.spatial for cam in bd.cameras if not cam.empty_slot)
         if held != cameras or held != images * tower.llm_tokens:
             raise ConfigError(
                 f"{where} {k.input_ids!r} hold {held} image placeholders (image_token_id={self.image_token_id}), but "
                 f"its {k.pixel_values!r} hold {images} images of {tower.llm_tokens} tokens ({images * tower.llm_tokens}) "
                 f"and its metadata's cameras make {cameras}"
             )
-        return _Sample(index, item, ids, target, types, pixels)
+        return _Sample(index, item, ids, target, types, pixels, None, images * tower.patches, held)
+
+    def _read_sized(
+        self,
+        layout: SizedLayout,
+        index: int,
+        item: Mapping[str, object],
+        where: str,
+        ids: torch.Tensor,
+        target: torch.Tensor | None,
+        types: dict[str, torch.Tensor],
+        held: int,
+        cameras: int,
+    ) -> _Sample:
+        """The images of a family that writes ``image_sizes`` (NOTE [ Packed sized-image rows ])."""
+        k = self.keys
+        if item.get(k.pixel_values_videos) is not None:
+            raise ConfigError(
+                f"{where} {k.pixel_values_videos!r} hold clips; a packed row lays images only (pass clips unpacked, "
+                f"or their frames as images)"
+            )
+        sized = read_sized(
+            layout, self._family.sized_image, item.get(k.pixel_values), item.get(IMAGE_SIZES), where, k.pixel_values
+        )
+        made = [] if sized is None else sized.made
+        places, tokens = sum(m.placeholders for m in made), sum(m.llm_tokens for m in made)
+        if held != places or cameras != tokens:
+            raise ConfigError(
+                f"{where} {k.input_ids!r} hold {held} image placeholders (image_token_id={self.image_token_id}), but "
+                f"its {k.pixel_values!r} and {IMAGE_SIZES!r} make {len(made)} images of {places} placeholders in "
+                f"{tokens} tokens, and its metadata's cameras make {cameras} tokens"
+            )
+        patches = sum(m.patches for m in made)
+        return _Sample(index, item, ids, target, types, None, sized, patches, tokens)
 
     def _text(self, out: Batch, samples: list[_Sample], fit: list[list[int]], R: int) -> None:
         """The LLM side of the rows (NOTE [ Packed VLM rows ])."""
@@ -310,6 +358,14 @@ class PackedTowerCollate:
         out["segment_ids"], out["position_ids"] = segment, position
         out["cu_seqlens"], out["max_seqlen"] = cu_seqlens_of(seqlens), max(seqlens, default=0)
 
+    @staticmethod
+    def _image_places(out: Batch, images: list[int], fit: list[list[int]]) -> None:
+        """Each image's row and segment (``images``: each sample's count), in row order."""
+        rows = [r for r, row in enumerate(fit) for s in row for _ in range(images[s])]
+        segments = [seg for row in fit for seg, s in enumerate(row, start=1) for _ in range(images[s])]
+        out["image_rows"] = torch.tensor(rows, dtype=torch.long)
+        out["image_segment_ids"] = torch.tensor(segments, dtype=torch.int32)
+
     def _pixels(self, out: Batch, samples: list[_Sample], fit: list[list[int]]) -> None:
         """Every image of every row, in row order, with its row and segment."""
         pixels, rows, segments = [], [], []
@@ -329,9 +385,10 @@ class PackedTowerCollate:
         out["image_segment_ids"] = torch.tensor(segments, dtype=torch.int32)
 
 
-def _tower_of(config: object, pack_length: int) -> tuple[TowerImage, int]:
-    """The family's pixel layout and image token under ``config`` (a transformers config), or a
-    one-line refusal (NOTE [ Families a packed row refuses ], NOTE [ Packed fixed-tower rows ])."""
+def _tower_of(config: object, pack_length: int) -> tuple[TowerImage | SizedLayout, int, Family]:
+    """The family's pixel layout, image token and family under ``config`` (a transformers config),
+    or a one-line refusal (NOTE [ Families a packed row refuses ], NOTE [ Packed fixed-tower rows ],
+    NOTE [ Packed sized-image rows ])."""
     model_type = getattr(config, "model_type", None)
     to_dict = getattr(config, "to_dict", None)
     if not isinstance(model_type, str) or not callable(to_dict):
@@ -345,7 +402,8 @@ def _tower_of(config: object, pack_length: int) -> tuple[TowerImage, int]:
             f"model_type {model_type!r} cannot be packed by PackedTowerCollate: {fam.unpacked_reason} "
             f"(NOTE [ Families a packed row refuses ])"
         )
-    tower = fam.tower_image(HFConfig(f"<{type(config).__name__}>", to_dict()))
+    hf = HFConfig(f"<{type(config).__name__}>", to_dict())
+    tower = fam.sized_layout(hf) if fam.sized_pixels else fam.tower_image(hf)
     token = getattr(config, "image_token_id", None)
     token = getattr(config, "image_token_index", None) if token is None else token
     if isinstance(token, bool) or not isinstance(token, int) or token < 0:
@@ -359,7 +417,7 @@ def _tower_of(config: object, pack_length: int) -> tuple[TowerImage, int]:
             f"shorter than pack_length={pack_length}; a packed row's 4-D mask replaces the window "
             f"(NOTE [ Packed fixed-tower rows ])"
         )
-    return tower, token
+    return tower, token, fam
 
 
 def _window(text: object) -> int | None:

@@ -1,0 +1,312 @@
+"""PackedTowerCollate for the families whose processor writes ``image_sizes`` beside
+``pixel_values`` (LLaVA-OneVision, Mistral 3, LLaVA-NeXT; NOTE [ Packed sized-image rows ]),
+proven against tiny transformers models (random init, float32, no download) and the families'
+own image processors: per sample, the packed row computes the logits the sample alone computes;
+the images in another order, one causal mask over the row or (OneVision) the images counted per
+row instead of per sample do not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from tokenbucket import ConfigError, CostModel, ModelSpec, breakdown_table
+from tokenbucket.models import family
+from tokenbucket.models.mistral3 import IMAGE_BREAK_ID, IMAGE_END_ID
+from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.tokens.hf import HFConfig, token_spec_from_hf
+from tokenbucket.train.collate import TokenBucketDataset
+from tokenbucket.train.packed_tower import PackedTowerCollate
+
+transformers = pytest.importorskip("transformers")
+
+IMAGE, VIDEO = 100, 103  # the tiny models' image and video placeholders (vocab 128)
+TEXT = {
+    "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 64, "vocab_size": 128, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+}  # fmt: skip
+TOWER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+PINS = [[28, 56], [56, 28], [56, 56], [28, 84], [84, 28]]  # any-resolution grids of 28-px tiles
+# (images, height, width, text tokens): 0, 1 or 2 images of different sizes, text of different
+# lengths; samples 1 and 4 hold images of one size, which the wrong-order check swaps
+SAMPLES = [(1, 40, 70, 9), (2, 30, 50, 12), (0, 0, 0, 6), (1, 60, 44, 14), (2, 30, 50, 5), (1, 84, 30, 8)]
+# OneVision's: one image a sample at most (every image tiled). The token stage prices each of a
+# sample's images as a lone one, so a metadata row of 2 OneVision images disagrees with what the
+# processor writes (an untiled crop and its newline an image) and the collate refuses it
+LONE = [(min(c, 1), h, w, t) for c, h, w, t in SAMPLES]
+PACK = {"llava_onevision": 48, "mistral3": 48, "llava_next": 80}  # rows of 3, 2 and 1 of the samples, next-fit
+COST = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32", attention="eager"))
+
+
+def onevision() -> tuple[Any, Any]:
+    """A tiny LLaVA-OneVision: a 2-layer SigLIP over 28-px tiles (4 patches, 4 LLM tokens a tile),
+    ``anyres_max_1`` (a lone image's unpadded grid past 1.1 tiles is scaled down), a 2-layer Qwen2."""
+    config = transformers.LlavaOnevisionConfig(
+        vision_config={"model_type": "siglip_vision_model", **TOWER, "image_size": 28, "patch_size": 14},
+        text_config={"model_type": "qwen2", **TEXT}, image_token_id=IMAGE, video_token_id=VIDEO,
+        image_grid_pinpoints=PINS, vision_aspect_ratio="anyres_max_1", vision_feature_layer=-1,
+    )  # fmt: skip
+    processor = transformers.LlavaOnevisionImageProcessorPil(
+        size={"height": 28, "width": 28}, image_grid_pinpoints=PINS, do_convert_rgb=False
+    )
+    return config, processor
+
+
+def llava_next() -> tuple[Any, Any]:
+    """A tiny LLaVA-NeXT: a 2-layer CLIP over 28-px tiles (the class token dropped), every image
+    tiled, a 2-layer Llama."""
+    config = transformers.LlavaNextConfig(
+        vision_config={"model_type": "clip_vision_model", **TOWER, "image_size": 28, "patch_size": 14,
+                       "projection_dim": 32},
+        text_config={"model_type": "llama", **TEXT}, image_token_id=IMAGE, image_grid_pinpoints=PINS,
+    )  # fmt: skip
+    processor = transformers.LlavaNextImageProcessorPil(
+        size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}, image_grid_pinpoints=PINS,
+        do_convert_rgb=False,
+    )  # fmt: skip
+    return config, processor
+
+
+def mistral3() -> tuple[Any, Any]:
+    """A tiny Mistral 3: a 2-layer Pixtral of 14-px patches at each image's own size (sides
+    rounded up to 28), the 2x2 merger, a 2-layer Mistral; each row of merged patches ends in
+    [IMG_BREAK], the image in [IMG_END]."""
+    config = transformers.Mistral3Config(
+        vision_config={"model_type": "pixtral", **TOWER, "head_dim": 16, "image_size": 1024, "patch_size": 14},
+        text_config={"model_type": "mistral", **TEXT, "head_dim": 8, "sliding_window": None},
+        image_token_id=IMAGE, spatial_merge_size=2,
+    )  # fmt: skip
+    # PixtralProcessor asks its image processor for sides of patch x merge (NOTE [ Pixtral row breaks ])
+    processor = transformers.PixtralImageProcessorPil(patch_size={"height": 28, "width": 28}, do_convert_rgb=False)
+    return config, processor
+
+
+FAMILIES = {"llava_onevision": onevision, "mistral3": mistral3, "llava_next": llava_next}
+MODELS = {
+    "llava_onevision": "LlavaOnevisionForConditionalGeneration",
+    "mistral3": "Mistral3ForConditionalGeneration",
+    "llava_next": "LlavaNextForConditionalGeneration",
+}
+
+
+def metadata(samples: list[tuple[int, int, int, int]]) -> pa.Table:
+    rows = [
+        {"key": f"v{i}", "cameras": c, "frames": 1, "height": h or 56, "width": w or 56, "text_tokens": t}
+        for i, (c, h, w, t) in enumerate(samples)
+    ]
+    return pa.Table.from_pylist(rows)
+
+
+class SizedItems(Dataset[dict[str, Any]]):
+    """Items as the family's processor writes them: the image processor's own ``pixel_values``,
+    ``image_sizes`` (and ``batch_num_images``) for the sample's images, and ids of a prompt, each
+    image's placeholders (Mistral 3's rows ending in [IMG_BREAK], the last in [IMG_END]) and an
+    answer, labels on the answer."""
+
+    def __init__(self, meta: pa.Table, hf: HFConfig, processor: Any) -> None:
+        self.rows, self.hf, self.processor = meta.to_pylist(), hf, processor
+        self.family = family(hf.model_type)
+        self.layout = self.family.sized_layout(hf)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        row = self.rows[i]
+        rng = torch.Generator().manual_seed(i)
+        text = torch.randint(0, IMAGE, (row["text_tokens"],), generator=rng).tolist()
+        prompt = 1 + i % 2
+        n = row["cameras"]
+        item: dict[str, Any] = {"uid": f"u{i}"}
+        tokens = text[:prompt]
+        if n:
+            images = [torch.randint(0, 256, (3, row["height"], row["width"]), dtype=torch.uint8, generator=rng)
+                      for _ in range(n)]  # fmt: skip
+            item.update(self.processor([images], return_tensors="pt"))
+            for h, w in item["image_sizes"].tolist():
+                if self.layout.tiles:
+                    tokens += [IMAGE] * self.family.sized_image(self.layout.rule, h, w, n).placeholders
+                else:  # Pixtral: rows of merged patches, each ending in a break, the last in the end
+                    side = self.layout.side
+                    block = ([IMAGE] * (w // side) + [IMAGE_BREAK_ID]) * (h // side)
+                    tokens += [*block[:-1], IMAGE_END_ID]
+        ids = torch.tensor(tokens + text[prompt:])
+        labels = ids.clone()
+        labels[: len(tokens)] = -100
+        item.update(input_ids=ids[None], attention_mask=torch.ones(1, len(ids), dtype=torch.long), labels=labels[None])
+        return item
+
+
+class Tiny:
+    """One family's tiny model, its processor's items planned packed at its PACK, and each sample's
+    logits alone (SDPA)."""
+
+    def __init__(self, name: str) -> None:
+        self.config, processor = FAMILIES[name]()
+        self.hf = HFConfig(f"<tiny {name}>", self.config.to_dict())
+        meta, spec = metadata(LONE if name == "llava_onevision" else SAMPLES), token_spec_from_hf(self.hf)
+        self.pack = PACK[name]
+        plan = plan_buckets(breakdown_table(meta, spec).totals, COST, 2**19, mode="packed", pack_length=self.pack)
+        self.data = TokenBucketDataset(SizedItems(meta, self.hf, processor), metadata=meta, spec=spec, plan=plan)
+        torch.manual_seed(0)
+        self.model = getattr(transformers, MODELS[name])(self.config).to(torch.float32).eval()
+        self.model.set_attn_implementation("sdpa")
+        self.alone = {}
+        with torch.no_grad():
+            for i in range(len(self.data)):
+                item = self.data[i][1]
+                self.alone[i] = self.model(**images_of(item), input_ids=item["input_ids"]).logits[0]
+
+
+def images_of(batch: dict[str, Any]) -> dict[str, Any]:
+    """The model's image inputs of an item or a packed batch."""
+    return {k: batch[k] for k in ("pixel_values", "image_sizes", "batch_num_images") if k in batch}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def tiny(request: pytest.FixtureRequest) -> Tiny:
+    return Tiny(request.param)
+
+
+def per_sample_worst(tiny: Tiny, batch: dict[str, Any], logits: torch.Tensor) -> list[float]:
+    """|packed - alone| at worst, for each sample in row order."""
+    worst = []
+    for r, row in enumerate(batch["index"]):
+        start = 0
+        for i in row:
+            n = tiny.alone[i].shape[0]
+            worst.append(float((logits[r, start : start + n] - tiny.alone[i]).abs().max()))
+            start += n
+    return worst
+
+
+def run(tiny: Tiny, batch: dict[str, Any], **changed: Any) -> torch.Tensor:
+    inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"],
+              "attention_mask": batch.get("attention_mask"), **images_of(batch), **changed}  # fmt: skip
+    with torch.no_grad():
+        return tiny.model(**inputs, use_cache=False).logits
+
+
+@pytest.mark.parametrize(
+    ("attention", "mask_dtype"),
+    [("sdpa", torch.bool), ("eager", torch.float32), ("sdpa", None)],
+    ids=["sdpa-bool", "eager-additive", "sdpa-padding-free"],
+)
+def test_packed_sized_row_computes_what_each_sample_alone_computes(
+    tiny: Tiny, attention: str, mask_dtype: torch.dtype | None
+) -> None:
+    tiny.model.set_attn_implementation(attention)
+    try:
+        batch = PackedTowerCollate(tiny.data, tiny.pack, config=tiny.config, mask_dtype=mask_dtype)(
+            [tiny.data[i] for i in range(len(tiny.data))]
+        )
+        sizes = [len(r) for r in batch["index"]]
+        assert sizes == [3, 2, 1]  # rows of several samples
+        if mask_dtype is None:  # flash-attn's input: the real tokens as one row, positions restarting per sample
+            real = batch["segment_ids"] > 0
+            flat = run(tiny, batch, input_ids=batch["input_ids"][real][None],
+                       position_ids=batch["position_ids"][real][None])  # fmt: skip
+            packed = torch.zeros(*real.shape, flat.shape[-1])
+            packed[real] = flat[0]  # back to rows, so both forms are checked alike
+        else:
+            packed = run(tiny, batch)
+    finally:
+        tiny.model.set_attn_implementation("sdpa")
+    worst = per_sample_worst(tiny, batch, packed)
+    print(f"{tiny.config.model_type} {attention}: max abs logits per sample {[f'{w:.1e}' for w in worst]}")
+    assert max(worst) <= 1e-5, worst
+
+
+def test_packed_sized_row_in_another_layout_computes_something_else(tiny: Tiny) -> None:
+    # the check can fail: each of these breaks one rule of NOTE [ Packed sized-image rows ]
+    batch = PackedTowerCollate(tiny.data, tiny.pack, config=tiny.config)([tiny.data[i] for i in range(len(tiny.data))])
+    sizes = batch["image_sizes"].tolist()
+    segments = list(zip(batch["image_rows"].tolist(), batch["image_segment_ids"].tolist(), strict=True))
+    # two images of one size from different samples (1 and 4), swapped: every shape still fits
+    a, b = next((a, b) for a in range(len(sizes)) for b in range(a + 1, len(sizes))
+                if sizes[a] == sizes[b] and segments[a] != segments[b])  # fmt: skip
+    swapped = batch["pixel_values"].clone()
+    swapped[[a, b]] = swapped[[b, a]]
+    worst = per_sample_worst(tiny, batch, run(tiny, batch, pixel_values=swapped))
+    print(f"{tiny.config.model_type}: images swapped across samples, max abs logits per sample {worst}")
+    assert max(worst) > 1e-2, worst
+    # one causal mask over the row: a sample after another sees it
+    P = tiny.pack
+    causal = torch.ones(P, P, dtype=torch.bool).tril().expand(len(batch["index"]), 1, P, P)
+    worst = per_sample_worst(tiny, batch, run(tiny, batch, attention_mask=causal))
+    assert max(worst) > 1e-2, worst
+    if "batch_num_images" in batch:  # OneVision's count per row, not per sample: a lone image untiled
+        per_row = torch.bincount(batch["image_rows"], minlength=len(batch["index"]))
+        with pytest.raises(ValueError, match="Image features and image tokens do not match"):
+            run(tiny, batch, batch_num_images=per_row)
+
+
+def test_packed_sized_row_lays_the_processors_batch_layout(tiny: Tiny) -> None:
+    picked = [0, 2, 1]  # 1 image, none, 2 images (OneVision: 1) of another size
+    items = [tiny.data[i][1] for i in picked]
+    batch = PackedTowerCollate(tiny.data, tiny.pack, 2, config=tiny.config, cost_model=COST)(
+        [tiny.data[i] for i in picked]
+    )
+    assert batch["index"] == [picked, []] and "image_sizes" not in batch["uid"]
+    sizes = [it["image_sizes"].tolist() if "image_sizes" in it else [] for it in items]
+    assert batch["image_sizes"].tolist() == [hw for mine in sizes for hw in mine]
+    counts = [len(mine) for mine in sizes]
+    assert batch["image_segment_ids"].tolist() == [s for s, c in enumerate(counts, start=1) for _ in range(c)]
+    assert batch["image_rows"].tolist() == [0] * sum(counts)
+    pixels, layout = batch["pixel_values"], family(tiny.hf.model_type).sized_layout(tiny.hf)
+    n = 0
+    for it, mine_sizes in zip(items, sizes, strict=True):
+        for k, (h, w) in enumerate(mine_sizes):
+            mine = it["pixel_values"][k]
+            if layout.tiles:  # the image's real tiles, zeros to the batch's most
+                t = family(tiny.hf.model_type).sized_image(layout.rule, h, w, len(mine_sizes)).tiles
+                assert torch.equal(pixels[n, :t], mine[:t]) and not pixels[n, t:].any()
+            else:  # the image at the top left, zeros to the batch's largest
+                assert torch.equal(pixels[n, :, :h, :w], mine[:, :h, :w])
+                assert not pixels[n, :, h:].any() and not pixels[n, :, :, w:].any()
+            n += 1
+    assert n == pixels.shape[0]
+    if layout.sample_counts:
+        assert batch["batch_num_images"].tolist() == counts
+    else:
+        assert "batch_num_images" not in batch
+    assert batch["info"].predicted_peak_bytes == int(COST.memory(2, tiny.pack).total)
+    text = PackedTowerCollate(tiny.data, tiny.pack, 2, config=tiny.config)([tiny.data[2]])  # a row of text only
+    assert not {"pixel_values", "image_sizes", "batch_num_images"} & set(text)
+
+
+def test_packed_sized_items_that_disagree_are_one_line_config_errors(tiny: Tiny) -> None:
+    collate = PackedTowerCollate(tiny.data, tiny.pack, config=tiny.config)
+    i, item = tiny.data[1]
+    layout = family(tiny.hf.model_type).sized_layout(tiny.hf)
+    flat = item["pixel_values"].flatten(0, 1) if layout.tiles else item["pixel_values"][0]
+    shape = r"\[images, tiles, 3, 28, 28\]" if layout.tiles else r"\[images, 3, H, W\]"
+    n = len(item["image_sizes"])
+    one_more = {**item, "image_sizes": torch.cat([item["image_sizes"], item["image_sizes"][:1]])}
+    no_images = {k: v for k, v in item.items() if k not in ("pixel_values", "image_sizes")}
+    video = {**item, "pixel_values_videos": torch.zeros(1, 2, 3, 28, 28)}
+    for bad, message in (
+        ({**item, "pixel_values": flat}, rf"its 'pixel_values' should be {shape}, but got a tensor of shape"),
+        (one_more, rf"its 'image_sizes' should be \[images, 2\] integers, one \(height, width\) for each of the {n} "
+                   rf"images of its 'pixel_values', but got a tensor of shape \({n + 1}, 2\)$"),
+        (no_images, r"its 'input_ids' hold \d+ image placeholders \(image_token_id=100\), but its 'pixel_values' and "
+                    r"'image_sizes' make 0 images of 0 placeholders in 0 tokens, and its metadata's cameras make \d+"),
+        (video, r"its 'pixel_values_videos' hold clips; a packed row lays images only"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"^sample 1 \(key 'v1'\): {message}") as caught:
+            collate([(i, bad)])
+        assert "\n" not in str(caught.value)
+    if layout.tiles:  # an image whose grid needs more tiles than its pixels hold
+        one_tile = {**item, "pixel_values": item["pixel_values"][:, :1]}
+        with pytest.raises(
+            ConfigError, match=r"image 0 of \d+x\d+ makes [2-9] tiles, but its 'pixel_values' hold 1 an"
+        ):
+            collate([(i, one_tile)])
+    else:  # a size off the patch x merge grid
+        off = {**item, "image_sizes": item["image_sizes"] - 1}
+        with pytest.raises(ConfigError, match=r"should fit its 'pixel_values' of \d+x\d+ with sides multiples of 28"):
+            collate([(i, off)])
