@@ -299,11 +299,10 @@ def test_packed_tower_items_that_disagree_are_one_line_config_errors(fam: Family
                                               r"alternate with sliding-window ones"),
         (lambda: transformers.PaliGemmaConfig(), r"a prefix-LM mask\) and its positions start at 1"),
         (lambda: transformers.Qwen2VLConfig(), r"PackedModalityCollate's \(rope_config=\)"),
-        (lambda: transformers.Idefics3Config(), r"pixel_attention_mask; not laid in packed rows yet"),
-        (lambda: transformers.SmolVLMConfig(), r"pixel_attention_mask; not laid in packed rows yet"),
+        (lambda: transformers.Qwen3VLConfig(), r"PackedModalityCollate's \(rope_config=\)"),
         (lambda: transformers.LlamaConfig(), r"no vision tower: pack its text with PackedCollate"),
     ],
-    ids=["gemma3", "paligemma", "qwen2_vl", "idefics3", "smolvlm", "llama"],
+    ids=["gemma3", "paligemma", "qwen2_vl", "qwen3_vl", "llama"],
 )  # fmt: skip
 def test_packed_tower_family_one_mask_cannot_pack_is_refused_in_one_line(config: Any, reason: str) -> None:
     _, _, data = dataset("llava")

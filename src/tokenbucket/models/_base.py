@@ -56,12 +56,15 @@ class VisionInputs:
 class TowerImage:
     """One entry of a fixed-tower family's ``pixel_values`` ``[images, channels, side, side]``
     (a LLaVA-1.5 image, an InternVL tile): ``patches`` tower patches, ``llm_tokens`` image
-    placeholders in the ids (NOTE [ Packed fixed-tower rows ] in :mod:`tokenbucket.train.packed_tower`)."""
+    placeholders in the ids (NOTE [ Packed fixed-tower rows ] in :mod:`tokenbucket.train.packed_tower`).
+    ``batched``: the processor writes ``[batch, images, channels, side, side]`` beside a
+    ``pixel_attention_mask`` (an Idefics3 tile), NOTE [ Packed tiles by row ]."""
 
     channels: int
     side: int
     patches: int
     llm_tokens: int
+    batched: bool = False
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
+from tokenbucket.models._base import Family, Inputs, Shape, TowerImage, VisionInputs, token_ids
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models._stages import Projector, VisionTower, vit_tower
 from tokenbucket.models.llava import image_token
@@ -76,10 +76,7 @@ def tiles(rule: Mapping[str, Any], height: int, width: int) -> int:
 
 class Idefics3(Family):
     name = "idefics3"
-    unpacked_reason = (
-        "its processor lays pixel_values [batch, images, C, H, W] beside a pixel_attention_mask; not laid in "
-        "packed rows yet"
-    )
+    unpacked_reason = None
     model_types: ClassVar[tuple[str, ...]] = ("idefics3",)  # smolvlm: its subclass (tokenbucket.models.smolvlm)
     hf_classes: ClassVar[Mapping[str, str]] = {"idefics3": "Idefics3ForConditionalGeneration"}
     vision_attr = "vision_model"
@@ -105,6 +102,13 @@ class Idefics3(Family):
     def rule_inputs(self, rule: Mapping[str, Any], height: int, width: int) -> VisionInputs:
         n = tiles(rule, height, width)
         return VisionInputs(n, int(rule["patches"]), n * int(rule["seq"]))
+
+    def tower_image(self, cfg: HFConfig) -> TowerImage:
+        # every tile (and the global one) is the tower's square, whatever the image: its token
+        # count is the model's fixed image_seq_len (the markers around it are text)
+        rule = self.image_rule(cfg)
+        side, channels = self.vision_int(cfg, "image_size"), self.vision_int(cfg, "num_channels")
+        return TowerImage(channels, side, int(rule["patches"]), int(rule["seq"]), batched=True)
 
     def default_image(self, cfg: HFConfig) -> tuple[int, int]:
         side = int(self.image_rule(cfg)["longest"])

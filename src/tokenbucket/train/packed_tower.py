@@ -1,7 +1,7 @@
-"""Packed rows for a VLM with a fixed-size tower (LLaVA-1.5, InternVL) or whose processor writes
-``image_sizes`` (LLaVA-NeXT, LLaVA-OneVision, Mistral 3; NOTE [ Packed sized-image rows ]):
-whole samples laid end to end in rows of ``pack_length`` LLM tokens, their images in the
-family's own pixel layout.
+"""Packed rows for a VLM with a fixed-size tower (LLaVA-1.5, InternVL; Idefics3 / SmolVLM's
+tiles, NOTE [ Packed tiles by row ]) or whose processor writes ``image_sizes`` (LLaVA-NeXT,
+LLaVA-OneVision, Mistral 3; NOTE [ Packed sized-image rows ]): whole samples laid end to end in
+rows of ``pack_length`` LLM tokens, their images in the family's own pixel layout.
 
 NOTE [ Packed fixed-tower rows ]
 A fixed-tower family's processor resizes every image (LLaVA-1.5) or tile (InternVL: an image's
@@ -33,9 +33,9 @@ its own attention mask masks none of it.
 
 NOTE [ Families a packed row refuses ]
 A family packs here when one causal block-diagonal mask and 1-D positions restarting at 0
-compute what each sample computes alone, and its pixels are one fixed square an entry or laid
-by ``image_sizes`` (NOTE [ Packed sized-image rows ]); the collate refuses the others in one
-line, with the reason its family module gives
+compute what each sample computes alone, and its pixels are one fixed square an entry (NOTE
+[ Packed tiles by row ] too) or laid by ``image_sizes`` (NOTE [ Packed sized-image rows ]); the
+collate refuses the others in one line, with the reason its family module gives
 (:attr:`~tokenbucket.models._base.Family.unpacked_reason`):
 
 * Gemma 3: in training its image tokens attend both ways within each image (``token_type_ids``
@@ -47,8 +47,6 @@ line, with the reason its family module gives
   positions start at 1; a causal mask and positions from 0 compute something else.
 * Qwen2-VL, Qwen2.5-VL, Qwen3-VL: their patch stream and 3-D rope are
   :class:`~tokenbucket.train.packed_modal.PackedModalityCollate`'s.
-* Idefics3 / SmolVLM: their text models are causal, but their pixels are ``[batch, images, C,
-  H, W]`` beside a ``pixel_attention_mask``: not laid in packed rows yet.
 * plain decoders: no tower; :class:`~tokenbucket.train.packing.PackedCollate` packs text.
 """
 
@@ -70,7 +68,15 @@ from tokenbucket.train._cameras import as_mapping
 from tokenbucket.train._keys import ItemTemplates, Ragged, check_ragged, collate_keys, to_tensor
 from tokenbucket.train._packed_rows import check_packed_options, dense_mask, packed_peak, packed_rows, warn_mask_size
 from tokenbucket.train._patches import describe
-from tokenbucket.train._sized_pixels import IMAGE_SIZES, SAMPLE_IMAGES, SizedPixels, lay_sized, read_sized
+from tokenbucket.train._pixel_layouts import (
+    IMAGE_SIZES,
+    PIXEL_MASK,
+    SAMPLE_IMAGES,
+    SizedPixels,
+    by_row,
+    lay_sized,
+    read_sized,
+)
 from tokenbucket.train.batch import Batch, EmptyRow
 from tokenbucket.train.modal import ModalityKeys
 from tokenbucket.train.packing import cu_seqlens_of
@@ -107,7 +113,8 @@ class PackedTowerCollate:
     Items are the family's processor output (``return_tensors="pt"``): ``input_ids`` holding
     the whole sequence (placeholders expanded), ``pixel_values`` ``[images, C, side, side]``
     (absent for a sample without images; a family that writes ``image_sizes``: its processor's
-    ``pixel_values`` and ``image_sizes``, NOTE [ Packed sized-image rows ]), optionally
+    ``pixel_values`` and ``image_sizes``, NOTE [ Packed sized-image rows ]; Idefics3's ``[1,
+    images, C, side, side]`` and ``pixel_attention_mask``), optionally
     ``labels``, ``attention_mask`` and per-token types (``keys.token_types``).
 
     Returns a :class:`~tokenbucket.train.batch.Batch` holding, for ``R`` rows of ``P`` tokens:
@@ -123,7 +130,8 @@ class PackedTowerCollate:
       ``image_rows`` and ``image_segment_ids`` ``[images]``. A family that writes
       ``image_sizes``: its processor's batch layout instead, ``pixel_values`` with
       ``image_sizes`` ``[images, 2]`` (and OneVision's ``batch_num_images``, a count a sample),
-      NOTE [ Packed sized-image rows ].
+      NOTE [ Packed sized-image rows ]; Idefics3 / SmolVLM: ``pixel_values`` ``[R, most tiles a
+      row, C, side, side]`` and ``pixel_attention_mask``, NOTE [ Packed tiles by row ].
     - ``index``: per row, the dataset indices of its samples (``[]`` for an empty row); every
       other key of the items one entry a sample, in the order of ``index`` row after row
       (NOTE [ Every item key reaches the batch ]), and ``meta`` (the metadata's extra columns).
@@ -139,7 +147,8 @@ class PackedTowerCollate:
         pack_length: LLM tokens per row (a two-cap plan's ``row_tokens``).
         rows_per_batch: rows per batch; ``None``: as many as the batch needs.
         config: the model's transformers config (``LlavaConfig``, ``InternVLConfig``,
-            ``LlavaNextConfig``, ``LlavaOnevisionConfig``, ``Mistral3Config``): its family
+            ``LlavaNextConfig``, ``LlavaOnevisionConfig``, ``Mistral3Config``, ``Idefics3Config``,
+            ``SmolVLMConfig``): its family
             lays the pixels, its ``image_token_id`` marks the placeholders; a family that cannot
             be packed is refused (NOTE [ Families a packed row refuses ]).
         row_patches: tower patches per row (a two-cap plan's ``row_patches``; an image is the
@@ -224,6 +233,8 @@ class PackedTowerCollate:
         used = {k.input_ids, k.labels, k.attention_mask, k.pixel_values, *k.token_types}
         if isinstance(self.tower, SizedLayout):
             used |= {IMAGE_SIZES, SAMPLE_IMAGES}
+        elif self.tower.batched:
+            used.add(PIXEL_MASK)
         items = [s.item for s in order]
         if not items:  # a batch of empty rows: the keys and shapes of a real sample
             i, item = self._templates(0)
@@ -275,6 +286,14 @@ class PackedTowerCollate:
         square = (tower.channels, tower.side, tower.side)
         if pixels is not None and pixels.ndim == 3:
             pixels = pixels[None]
+        if tower.batched and pixels is not None and pixels.ndim == 5 and pixels.shape[0] == 1:
+            pixels = pixels[0]  # NOTE [ Packed tiles by row ]: the processor's batch of one
+            mask = to_tensor(item.get(PIXEL_MASK), lists=False)
+            if mask is not None and not bool(mask.bool().all()):
+                raise ConfigError(
+                    f"{where} {PIXEL_MASK!r} masks pixels of its tiles; a packed row lays whole tiles of the "
+                    f"tower's square (NOTE [ Packed tiles by row ])"
+                )
         if item.get(k.pixel_values) is not None and (
             pixels is None or pixels.ndim != 4 or tuple(pixels.shape[1:]) != square
         ):
@@ -379,7 +398,10 @@ class PackedTowerCollate:
         dtypes = {p.dtype for p in pixels}
         if len(dtypes) > 1:
             raise ConfigError(f"the batch's {self.keys.pixel_values!r} differ in dtype {sorted(map(str, dtypes))}")
-        if pixels:  # none: no key (a transformers tower refuses an empty batch of images)
+        if pixels and isinstance(self.tower, TowerImage) and self.tower.batched:  # NOTE [ Packed tiles by row ]
+            tiles = torch.cat(pixels)
+            out[self.keys.pixel_values], out[PIXEL_MASK] = by_row(list(tiles), rows, out[self.keys.input_ids].shape[0])
+        elif pixels:  # none: no key (a transformers tower refuses an empty batch of images)
             out[self.keys.pixel_values] = torch.cat(pixels)
         out["image_rows"] = torch.tensor(rows, dtype=torch.long)
         out["image_segment_ids"] = torch.tensor(segments, dtype=torch.int32)

@@ -1,9 +1,11 @@
-"""PackedTowerCollate for the families whose processor writes ``image_sizes`` beside
-``pixel_values`` (LLaVA-OneVision, Mistral 3, LLaVA-NeXT; NOTE [ Packed sized-image rows ]),
-proven against tiny transformers models (random init, float32, no download) and the families'
-own image processors: per sample, the packed row computes the logits the sample alone computes;
-the images in another order, one causal mask over the row or (OneVision) the images counted per
-row instead of per sample do not."""
+"""PackedTowerCollate for the families whose pixels are not one square an entry of
+``[images, C, side, side]``: those whose processor writes ``image_sizes`` beside ``pixel_values``
+(LLaVA-OneVision, Mistral 3, LLaVA-NeXT; NOTE [ Packed sized-image rows ]) and Idefics3 /
+SmolVLM's tiles ``[batch, images, C, side, side]`` beside a ``pixel_attention_mask`` (NOTE
+[ Packed tiles by row ]), proven against tiny transformers models (random init, float32, no
+download) fed by the families' own image processors: per sample, the packed row computes the
+logits the sample alone computes; the images in another order, one causal mask over the row or
+(OneVision) the images counted per row instead of per sample do not."""
 
 from __future__ import annotations
 
@@ -38,11 +40,12 @@ SAMPLES = [(1, 40, 70, 9), (2, 30, 50, 12), (0, 0, 0, 6), (1, 60, 44, 14), (2, 3
 # sample's images as a lone one, so a metadata row of 2 OneVision images disagrees with what the
 # processor writes (an untiled crop and its newline an image) and the collate refuses it
 LONE = [(min(c, 1), h, w, t) for c, h, w, t in SAMPLES]
-PACK = {"llava_onevision": 48, "mistral3": 48, "llava_next": 80}  # rows of 3, 2 and 1 of the samples, next-fit
+# rows of 3, 2 and 1 of the samples, next-fit
+PACK = {"llava_onevision": 48, "mistral3": 48, "llava_next": 80, "idefics3": 90, "smolvlm": 90}
 COST = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32", attention="eager"))
 
 
-def onevision() -> tuple[Any, Any]:
+def onevision() -> tuple[Any, Any, dict[str, Any]]:
     """A tiny LLaVA-OneVision: a 2-layer SigLIP over 28-px tiles (4 patches, 4 LLM tokens a tile),
     ``anyres_max_1`` (a lone image's unpadded grid past 1.1 tiles is scaled down), a 2-layer Qwen2."""
     config = transformers.LlavaOnevisionConfig(
@@ -53,10 +56,10 @@ def onevision() -> tuple[Any, Any]:
     processor = transformers.LlavaOnevisionImageProcessorPil(
         size={"height": 28, "width": 28}, image_grid_pinpoints=PINS, do_convert_rgb=False
     )
-    return config, processor
+    return config, processor, {}
 
 
-def llava_next() -> tuple[Any, Any]:
+def llava_next() -> tuple[Any, Any, dict[str, Any]]:
     """A tiny LLaVA-NeXT: a 2-layer CLIP over 28-px tiles (the class token dropped), every image
     tiled, a 2-layer Llama."""
     config = transformers.LlavaNextConfig(
@@ -68,10 +71,10 @@ def llava_next() -> tuple[Any, Any]:
         size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}, image_grid_pinpoints=PINS,
         do_convert_rgb=False,
     )  # fmt: skip
-    return config, processor
+    return config, processor, {}
 
 
-def mistral3() -> tuple[Any, Any]:
+def mistral3() -> tuple[Any, Any, dict[str, Any]]:
     """A tiny Mistral 3: a 2-layer Pixtral of 14-px patches at each image's own size (sides
     rounded up to 28), the 2x2 merger, a 2-layer Mistral; each row of merged patches ends in
     [IMG_BREAK], the image in [IMG_END]."""
@@ -82,14 +85,31 @@ def mistral3() -> tuple[Any, Any]:
     )  # fmt: skip
     # PixtralProcessor asks its image processor for sides of patch x merge (NOTE [ Pixtral row breaks ])
     processor = transformers.PixtralImageProcessorPil(patch_size={"height": 28, "width": 28}, do_convert_rgb=False)
-    return config, processor
+    return config, processor, {}
+
+
+def idefics3(name: str) -> tuple[Any, Any, dict[str, Any]]:
+    """A tiny Idefics3 / SmolVLM: a 2-layer tower over 56-px tiles (16 patches, pixel shuffle 2: 4
+    LLM tokens a tile), a 2-layer Llama; the processor scales an image's longest side to 112 and
+    cuts 56-px tiles plus the global image."""
+    cls = {"idefics3": "Idefics3", "smolvlm": "SmolVLM"}[name]
+    config = getattr(transformers, f"{cls}Config")(
+        vision_config={**TOWER, "image_size": 56, "patch_size": 14}, text_config={"model_type": "llama", **TEXT},
+        image_token_id=IMAGE, scale_factor=2,
+    )  # fmt: skip
+    preprocessor = {"size": {"longest_edge": 112}, "max_image_size": {"longest_edge": 56}}
+    processor = getattr(transformers, f"{cls}ImageProcessorPil")(**preprocessor, do_convert_rgb=False)
+    return config, processor, preprocessor
 
 
 FAMILIES = {"llava_onevision": onevision, "mistral3": mistral3, "llava_next": llava_next}
+TILED = {"idefics3": lambda: idefics3("idefics3"), "smolvlm": lambda: idefics3("smolvlm")}
 MODELS = {
     "llava_onevision": "LlavaOnevisionForConditionalGeneration",
     "mistral3": "Mistral3ForConditionalGeneration",
     "llava_next": "LlavaNextForConditionalGeneration",
+    "idefics3": "Idefics3ForConditionalGeneration",
+    "smolvlm": "SmolVLMForConditionalGeneration",
 }
 
 
@@ -101,16 +121,18 @@ def metadata(samples: list[tuple[int, int, int, int]]) -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 
-class SizedItems(Dataset[dict[str, Any]]):
+class ProcessedItems(Dataset[dict[str, Any]]):
     """Items as the family's processor writes them: the image processor's own ``pixel_values``,
-    ``image_sizes`` (and ``batch_num_images``) for the sample's images, and ids of a prompt, each
-    image's placeholders (Mistral 3's rows ending in [IMG_BREAK], the last in [IMG_END]) and an
-    answer, labels on the answer."""
+    ``image_sizes`` (and ``batch_num_images``) or ``pixel_attention_mask`` for the sample's
+    images, and ids of a prompt, each image's placeholders (Mistral 3's rows ending in
+    [IMG_BREAK], the last in [IMG_END]; Idefics3's tiles without their text markers, which the
+    model does not read) and an answer, labels on the answer."""
 
     def __init__(self, meta: pa.Table, hf: HFConfig, processor: Any) -> None:
         self.rows, self.hf, self.processor = meta.to_pylist(), hf, processor
         self.family = family(hf.model_type)
-        self.layout = self.family.sized_layout(hf)
+        self.layout = self.family.sized_layout(hf) if self.family.sized_pixels else None
+        self.tower = None if self.family.sized_pixels else self.family.tower_image(hf)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -127,7 +149,10 @@ class SizedItems(Dataset[dict[str, Any]]):
             images = [torch.randint(0, 256, (3, row["height"], row["width"]), dtype=torch.uint8, generator=rng)
                       for _ in range(n)]  # fmt: skip
             item.update(self.processor([images], return_tensors="pt"))
-            for h, w in item["image_sizes"].tolist():
+            if self.tower is not None:  # every tile the tower's square
+                tokens += [IMAGE] * (item["pixel_values"].shape[1] * self.tower.llm_tokens)
+            for h, w in item.get("image_sizes", torch.zeros(0, 2)).tolist():
+                assert self.layout is not None
                 if self.layout.tiles:
                     tokens += [IMAGE] * self.family.sized_image(self.layout.rule, h, w, n).placeholders
                 else:  # Pixtral: rows of merged patches, each ending in a break, the last in the end
@@ -146,12 +171,12 @@ class Tiny:
     logits alone (SDPA)."""
 
     def __init__(self, name: str) -> None:
-        self.config, processor = FAMILIES[name]()
-        self.hf = HFConfig(f"<tiny {name}>", self.config.to_dict())
+        self.config, processor, preprocessor = {**FAMILIES, **TILED}[name]()
+        self.hf = HFConfig(f"<tiny {name}>", self.config.to_dict(), preprocessor)
         meta, spec = metadata(LONE if name == "llava_onevision" else SAMPLES), token_spec_from_hf(self.hf)
         self.pack = PACK[name]
         plan = plan_buckets(breakdown_table(meta, spec).totals, COST, 2**19, mode="packed", pack_length=self.pack)
-        self.data = TokenBucketDataset(SizedItems(meta, self.hf, processor), metadata=meta, spec=spec, plan=plan)
+        self.data = TokenBucketDataset(ProcessedItems(meta, self.hf, processor), metadata=meta, spec=spec, plan=plan)
         torch.manual_seed(0)
         self.model = getattr(transformers, MODELS[name])(self.config).to(torch.float32).eval()
         self.model.set_attn_implementation("sdpa")
@@ -164,11 +189,23 @@ class Tiny:
 
 def images_of(batch: dict[str, Any]) -> dict[str, Any]:
     """The model's image inputs of an item or a packed batch."""
-    return {k: batch[k] for k in ("pixel_values", "image_sizes", "batch_num_images") if k in batch}
+    return {
+        k: batch[k] for k in ("pixel_values", "image_sizes", "batch_num_images", "pixel_attention_mask") if k in batch
+    }
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def tiny(request: pytest.FixtureRequest) -> Tiny:
+    return Tiny(request.param)
+
+
+@pytest.fixture(scope="module", params=list(TILED))
+def tiled(request: pytest.FixtureRequest) -> Tiny:
+    return Tiny(request.param)
+
+
+@pytest.fixture(scope="module", params=[*FAMILIES, *TILED])
+def anyone(request: pytest.FixtureRequest) -> Tiny:
     return Tiny(request.param)
 
 
@@ -196,9 +233,10 @@ def run(tiny: Tiny, batch: dict[str, Any], **changed: Any) -> torch.Tensor:
     [("sdpa", torch.bool), ("eager", torch.float32), ("sdpa", None)],
     ids=["sdpa-bool", "eager-additive", "sdpa-padding-free"],
 )
-def test_packed_sized_row_computes_what_each_sample_alone_computes(
-    tiny: Tiny, attention: str, mask_dtype: torch.dtype | None
+def test_packed_layout_row_computes_what_each_sample_alone_computes(
+    anyone: Tiny, attention: str, mask_dtype: torch.dtype | None
 ) -> None:
+    tiny = anyone
     tiny.model.set_attn_implementation(attention)
     try:
         batch = PackedTowerCollate(tiny.data, tiny.pack, config=tiny.config, mask_dtype=mask_dtype)(
@@ -217,20 +255,26 @@ def test_packed_sized_row_computes_what_each_sample_alone_computes(
     finally:
         tiny.model.set_attn_implementation("sdpa")
     worst = per_sample_worst(tiny, batch, packed)
-    print(f"{tiny.config.model_type} {attention}: max abs logits per sample {[f'{w:.1e}' for w in worst]}")
+    print(f"{tiny.config.model_type} {attention} mask_dtype={mask_dtype}: max abs logits {[f'{w:.1e}' for w in worst]}")
     assert max(worst) <= 1e-5, worst
 
 
-def test_packed_sized_row_in_another_layout_computes_something_else(tiny: Tiny) -> None:
-    # the check can fail: each of these breaks one rule of NOTE [ Packed sized-image rows ]
+def test_packed_layout_row_in_another_layout_computes_something_else(anyone: Tiny) -> None:
+    # the check can fail: each of these breaks one rule of NOTE [ Packed sized-image rows ] or
+    # NOTE [ Packed tiles by row ]
+    tiny = anyone
     batch = PackedTowerCollate(tiny.data, tiny.pack, config=tiny.config)([tiny.data[i] for i in range(len(tiny.data))])
-    sizes = batch["image_sizes"].tolist()
-    segments = list(zip(batch["image_rows"].tolist(), batch["image_segment_ids"].tolist(), strict=True))
-    # two images of one size from different samples (1 and 4), swapped: every shape still fits
-    a, b = next((a, b) for a in range(len(sizes)) for b in range(a + 1, len(sizes))
+    rows = batch["image_rows"].tolist()
+    segments = list(zip(rows, batch["image_segment_ids"].tolist(), strict=True))
+    # where each entry lies in pixel_values (Idefics3: [rows, tiles a row, ...], each row's in turn)
+    by_row = "pixel_attention_mask" in batch
+    places = [(r, rows[:n].count(r)) if by_row else n for n, r in enumerate(rows)]
+    sizes = batch["image_sizes"].tolist() if "image_sizes" in batch else [None] * len(rows)
+    # two entries of one size from different samples (1 and 4), swapped: every shape still fits
+    a, b = next((places[a], places[b]) for a in range(len(rows)) for b in range(a + 1, len(rows))
                 if sizes[a] == sizes[b] and segments[a] != segments[b])  # fmt: skip
     swapped = batch["pixel_values"].clone()
-    swapped[[a, b]] = swapped[[b, a]]
+    swapped[a], swapped[b] = batch["pixel_values"][b], batch["pixel_values"][a]
     worst = per_sample_worst(tiny, batch, run(tiny, batch, pixel_values=swapped))
     print(f"{tiny.config.model_type}: images swapped across samples, max abs logits per sample {worst}")
     assert max(worst) > 1e-2, worst
@@ -310,3 +354,48 @@ def test_packed_sized_items_that_disagree_are_one_line_config_errors(tiny: Tiny)
         off = {**item, "image_sizes": item["image_sizes"] - 1}
         with pytest.raises(ConfigError, match=r"should fit its 'pixel_values' of \d+x\d+ with sides multiples of 28"):
             collate([(i, off)])
+
+
+def test_packed_tiles_row_lays_each_rows_tiles_then_zero_tiles_and_their_mask(tiled: Tiny) -> None:
+    picked = [0, 2, 1, 3]  # 1 image, none, 2 images in row 0; 1 image in row 1
+    items = [tiled.data[i][1] for i in picked]
+    batch = PackedTowerCollate(tiled.data, tiled.pack, 3, config=tiled.config)([tiled.data[i] for i in picked])
+    assert batch["index"][:2] == [picked[:3], picked[3:]] and batch["index"][2] == []
+    tiles = [it["pixel_values"][0] if "pixel_values" in it else torch.zeros(0, 3, 56, 56) for it in items]
+    mine = [torch.cat(tiles[:3]), tiles[3]]
+    pixels, mask = batch["pixel_values"], batch["pixel_attention_mask"]
+    assert pixels.shape == (3, len(mine[0]), 3, 56, 56) and mask.shape == (3, len(mine[0]), 56, 56)
+    for r, own in enumerate([*mine, torch.zeros(0, 3, 56, 56)]):  # each row's tiles, then zero tiles
+        assert torch.equal(pixels[r, : len(own)], own) and not pixels[r, len(own) :].any()
+        assert mask[r, : len(own)].all() and not mask[r, len(own) :].any()
+    counts = [len(t) for t in tiles]
+    assert batch["image_rows"].tolist() == [0] * sum(counts[:3]) + [1] * counts[3]
+    assert (
+        batch["image_segment_ids"].tolist()
+        == [s for s, c in enumerate(counts[:3], 1) for _ in range(c)] + [1] * counts[3]
+    )
+    # the model drops the zero tiles: per sample, what each computes alone
+    worst = per_sample_worst(tiled, batch, run(tiled, batch))
+    assert max(worst) <= 1e-5, worst
+    text = PackedTowerCollate(tiled.data, tiled.pack, 2, config=tiled.config)([tiled.data[2]])  # a row of text only
+    assert not {"pixel_values", "pixel_attention_mask"} & set(text)
+
+
+def test_packed_tiles_item_that_disagrees_is_a_one_line_config_error(tiled: Tiny) -> None:
+    collate = PackedTowerCollate(tiled.data, tiled.pack, config=tiled.config)
+    i, item = tiled.data[1]
+    masked = item["pixel_attention_mask"].clone()
+    masked[0, 0, -1] = False  # a tile padded below: not the tower's square
+    bigger = torch.zeros(1, item["pixel_values"].shape[1], 3, 84, 84)
+    fewer = item["pixel_values"][:, 1:]
+    for bad, message in (
+        ({**item, "pixel_attention_mask": masked}, r"its 'pixel_attention_mask' masks pixels of its tiles; a packed "
+                                                   r"row lays whole tiles of the tower's square"),
+        ({**item, "pixel_values": bigger}, r"its 'pixel_values' should be \[images, 3, 56, 56\] \(the tower's square\), "
+                                           r"but got a tensor of shape \(1, \d+, 3, 84, 84\)$"),
+        ({**item, "pixel_values": fewer}, r"its 'input_ids' hold \d+ image placeholders \(image_token_id=100\), but "
+                                          r"its 'pixel_values' hold \d+ images of 4 tokens"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"^sample 1 \(key 'v1'\): {message}") as caught:
+            collate([(i, bad)])
+        assert "\n" not in str(caught.value)

@@ -1,6 +1,7 @@
-"""The pixels of a packed row for a family whose processor writes ``image_sizes`` beside
-``pixel_values`` (plumbing of :mod:`tokenbucket.train.packed_tower`): each sample's images read
-out of its processor padding and checked, then laid for the batch as the processor lays a batch.
+"""The pixels of a packed row in the layouts other than one square an entry (plumbing of
+:mod:`tokenbucket.train.packed_tower`): a family whose processor writes ``image_sizes`` beside
+``pixel_values`` (each sample's images read out of its processor padding and checked, then laid
+for the batch as the processor lays a batch), and Idefics3's tiles by row.
 
 NOTE [ Packed sized-image rows ]
 LLaVA-NeXT, LLaVA-OneVision and Mistral 3 write ``image_sizes`` beside ``pixel_values``; their
@@ -33,6 +34,19 @@ many image placeholders as its images make and its metadata's cameras as many LL
 holds images only: an item with ``pixel_values_videos`` (OneVision's clips) is refused.
 tests/test_packed_sized.py holds the packed rows to each sample alone on tiny models of the
 three, fed by their own image processors.
+
+NOTE [ Packed tiles by row ]
+Idefics3 / SmolVLM's processor writes ``pixel_values`` ``[batch, images, C, H, W]`` (each
+sample's tiles and global image, padded with all-zero images to the batch's most) beside a
+``pixel_attention_mask`` ``[batch, images, H, W]``. Every tile is the tower's square (the
+model's ``image_seq_len`` is fixed), so an entry is a fixed square
+(:meth:`~tokenbucket.models._base.Family.tower_image`, ``batched``). The model flattens
+``batch x images``, drops the all-zero images and scatters the rest's features into the
+placeholders in order: only the order ties a tile to its sample. A packed batch lays one entry a
+row, ``[rows, most tiles a row, C, side, side]``, each row's tiles in row order, then all-zero
+tiles (which the model drops, as it drops the processor's) to the batch's most, and a
+``pixel_attention_mask`` true on the real tiles; an item's mask that masks any of its pixels is
+refused (a packed tile is whole). A real tile of all zeros would be dropped too, alone as packed.
 """
 
 from __future__ import annotations
@@ -48,9 +62,9 @@ from tokenbucket.models._base import SizedImage, SizedLayout
 from tokenbucket.train._keys import to_tensor
 from tokenbucket.train._patches import describe
 
-__all__ = ["IMAGE_SIZES", "SAMPLE_IMAGES", "SizedPixels", "lay_sized", "read_sized"]
+__all__ = ["IMAGE_SIZES", "PIXEL_MASK", "SAMPLE_IMAGES", "SizedPixels", "by_row", "lay_sized", "read_sized"]
 
-IMAGE_SIZES, SAMPLE_IMAGES = "image_sizes", "batch_num_images"  # the processors' names
+IMAGE_SIZES, SAMPLE_IMAGES, PIXEL_MASK = "image_sizes", "batch_num_images", "pixel_attention_mask"  # the processors'
 
 Count = Callable[[Mapping[str, Any], int, int, int], SizedImage]
 
@@ -136,3 +150,18 @@ def lay_sized(layout: SizedLayout, samples: list[SizedPixels | None], key: str) 
     if layout.sample_counts:
         out[SAMPLE_IMAGES] = torch.tensor([0 if s is None else len(s.images) for s in samples], dtype=torch.long)
     return out
+
+
+def by_row(pixels: list[torch.Tensor], rows: list[int], R: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pixels`` (each ``[C, side, side]``, in row order, in ``rows``) laid ``[R, most a row, C,
+    side, side]`` with all-zero tiles after each row's own, and their ``pixel_attention_mask``
+    ``[R, most a row, side, side]`` (NOTE [ Packed tiles by row ])."""
+    count = torch.bincount(torch.tensor(rows, dtype=torch.long), minlength=R)
+    out = pixels[0].new_zeros((R, int(count.max()), *pixels[0].shape))
+    mask = torch.zeros((R, int(count.max()), *pixels[0].shape[-2:]), dtype=torch.bool)
+    place = [0] * R
+    for x, r in zip(pixels, rows, strict=True):
+        out[r, place[r]] = x
+        mask[r, place[r]] = True
+        place[r] += 1
+    return out, mask
