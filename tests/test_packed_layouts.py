@@ -9,20 +9,30 @@ logits the sample alone computes; the images in another order, one causal mask o
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from tokenbucket import ConfigError, CostModel, ModelSpec, breakdown_table
+from tokenbucket.cost.hf_model import staged_from_config
+from tokenbucket.cost.staged import Sample, StagedCostModel
+from tokenbucket.cost.staged_length import StagedLengthModel
+from tokenbucket.cost.staged_packed import StagedPackedModel
 from tokenbucket.models import family
 from tokenbucket.models.mistral3 import IMAGE_BREAK_ID, IMAGE_END_ID
 from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket.plan.packing_2d import plan_packing_2d
 from tokenbucket.tokens.hf import HFConfig, token_spec_from_hf
 from tokenbucket.train.collate import TokenBucketDataset
 from tokenbucket.train.packed_tower import PackedTowerCollate
+from tokenbucket.train.packing_2d import PackedBatchSampler2D
 
 transformers = pytest.importorskip("transformers")
 
@@ -103,7 +113,8 @@ def idefics3(name: str) -> tuple[Any, Any, dict[str, Any]]:
 
 
 FAMILIES = {"llava_onevision": onevision, "mistral3": mistral3, "llava_next": llava_next}
-TILED = {"idefics3": lambda: idefics3("idefics3"), "smolvlm": lambda: idefics3("smolvlm")}
+TILED = {"idefics3": functools.partial(idefics3, "idefics3"), "smolvlm": functools.partial(idefics3, "smolvlm")}
+BUILD: dict[str, Callable[[], tuple[Any, Any, dict[str, Any]]]] = {**FAMILIES, **TILED}
 MODELS = {
     "llava_onevision": "LlavaOnevisionForConditionalGeneration",
     "mistral3": "Mistral3ForConditionalGeneration",
@@ -171,7 +182,7 @@ class Tiny:
     logits alone (SDPA)."""
 
     def __init__(self, name: str) -> None:
-        self.config, processor, preprocessor = {**FAMILIES, **TILED}[name]()
+        self.config, processor, preprocessor = BUILD[name]()
         self.hf = HFConfig(f"<tiny {name}>", self.config.to_dict(), preprocessor)
         meta, spec = metadata(LONE if name == "llava_onevision" else SAMPLES), token_spec_from_hf(self.hf)
         self.pack = PACK[name]
@@ -225,7 +236,8 @@ def run(tiny: Tiny, batch: dict[str, Any], **changed: Any) -> torch.Tensor:
     inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"],
               "attention_mask": batch.get("attention_mask"), **images_of(batch), **changed}  # fmt: skip
     with torch.no_grad():
-        return tiny.model(**inputs, use_cache=False).logits
+        logits: torch.Tensor = tiny.model(**inputs, use_cache=False).logits
+    return logits
 
 
 @pytest.mark.parametrize(
@@ -399,3 +411,47 @@ def test_packed_tiles_item_that_disagrees_is_a_one_line_config_error(tiled: Tiny
         with pytest.raises(ConfigError, match=rf"^sample 1 \(key 'v1'\): {message}") as caught:
             collate([(i, bad)])
         assert "\n" not in str(caught.value)
+
+
+def test_packed_layout_through_the_packed_sampler_keeps_its_rows_and_caps(anyone: Tiny) -> None:
+    # the collate's tower patches a sample (each image's own: its tiles, or its own size) are the
+    # staged cost model's, so the two-cap sampler's rows pass the collate's caps as they are
+    tiny = anyone
+    rng = np.random.default_rng(0)
+    most = 1 if tiny.config.model_type == "llava_onevision" else 2  # LONE says why
+    rows = [(int(rng.integers(0, most + 1)), int(rng.choice((30, 44, 70))), int(rng.choice((30, 50, 84))),
+             int(rng.integers(5, 20))) for _ in range(24)]  # fmt: skip
+    meta = metadata(rows)
+    cost = StagedPackedModel(StagedLengthModel(StagedCostModel(staged_from_config(tiny.hf), config=tiny.hf)))
+    loads = cost.loads([Sample(images=c, height=h, width=w, text_tokens=t) for c, h, w, t in rows])
+    plan = plan_packing_2d(loads, cost, 4 * 2**20, rows_per_batch=(2,), multiple=8, seed=3)
+    processor = BUILD[tiny.hf.model_type]()[1]
+    data = TokenBucketDataset(ProcessedItems(meta, tiny.hf, processor), metadata=meta,
+                              spec=token_spec_from_hf(tiny.hf), plan=plan.bucket_plan(loads))  # fmt: skip
+    assert (data.lengths == loads.llm_tokens).all()  # the items, the metadata and the cost model agree
+    collate = PackedTowerCollate(data, plan.row_tokens, plan.rows_per_batch, config=tiny.config,
+                                 row_patches=plan.row_patches, mask_dtype=None)  # fmt: skip
+    want = [list(b) for b in PackedBatchSampler2D.from_dataset(data, plan, loads, cost)]
+    seen = []
+    sampler = PackedBatchSampler2D.from_dataset(data, plan, loads, cost)
+    for batch, indices in zip(DataLoader(data, batch_sampler=sampler, collate_fn=collate), want, strict=True):
+        index = batch["index"]
+        assert [i for row in index for i in row] == [i for i in indices if i < len(data)]
+        tokens = batch["segment_ids"].gt(0).sum(-1).tolist()
+        assert tokens == [int(loads.llm_tokens[row].sum()) for row in index] and max(tokens) <= plan.row_tokens
+        assert max(int(loads.patches[row].sum()) for row in index) <= plan.row_patches
+        seen += [i for row in index for i in row]
+    assert sorted(seen) == list(range(len(data)))
+
+    # the collate counts a row's patches as the cost model does: one patch under them is refused, naming them
+    def first_row(b: list[int]) -> int:  # NOTE [ Rows through the workers ]
+        return int(getattr(b, "rows", (0,))[0])
+
+    batch = next(b for b in PackedBatchSampler2D.from_dataset(data, plan, loads, cost) if first_row(b) > 1)
+    first = [int(i) for i in batch[: first_row(batch)]]
+    mine = int(loads.patches[first].sum())
+    tight = PackedTowerCollate(data, plan.row_tokens, config=tiny.config, row_patches=mine - 1, mask_dtype=None)
+    with pytest.raises(
+        ConfigError, match=rf"^row 0 of the batch \(samples {re.escape(str(first))}\) holds {mine:,} patches, more"
+    ):
+        tight(data.__getitems__(batch))
