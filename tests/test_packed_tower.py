@@ -23,7 +23,6 @@ from tokenbucket.models import family
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.plan.packing_2d import plan_packing_2d
 from tokenbucket.tokens.hf import HFConfig, token_spec_from_hf
-from tokenbucket.train._packed_rows import dense_mask
 from tokenbucket.train.batch import EmptyRow
 from tokenbucket.train.collate import TokenBucketDataset
 from tokenbucket.train.packed_tower import PackedTowerCollate
@@ -295,14 +294,11 @@ def test_packed_tower_items_that_disagree_are_one_line_config_errors(fam: Family
 @pytest.mark.parametrize(
     ("config", "reason"),
     [
-        (lambda: transformers.Gemma3Config(), r"its image tokens attend both ways within each image and its layers "
-                                              r"alternate with sliding-window ones"),
-        (lambda: transformers.PaliGemmaConfig(), r"a prefix-LM mask\) and its positions start at 1"),
         (lambda: transformers.Qwen2VLConfig(), r"PackedModalityCollate's \(rope_config=\)"),
         (lambda: transformers.Qwen3VLConfig(), r"PackedModalityCollate's \(rope_config=\)"),
         (lambda: transformers.LlamaConfig(), r"no vision tower: pack its text with PackedCollate"),
     ],
-    ids=["gemma3", "paligemma", "qwen2_vl", "qwen3_vl", "llama"],
+    ids=["qwen2_vl", "qwen3_vl", "llama"],
 )  # fmt: skip
 def test_packed_tower_family_one_mask_cannot_pack_is_refused_in_one_line(config: Any, reason: str) -> None:
     _, _, data = dataset("llava")
@@ -311,62 +307,6 @@ def test_packed_tower_family_one_mask_cannot_pack_is_refused_in_one_line(config:
                                           rf"{reason}.*\(NOTE \[ Families a packed row refuses \]\)$") as caught:  # fmt: skip
         PackedTowerCollate(data, PACK, config=cfg)
     assert "\n" not in str(caught.value)
-
-
-def refused_model(name: str) -> Any:
-    """A tiny Gemma 3 (a sliding-window layer of 4 tokens, then a full one; image tokens both ways
-    within an image) or PaliGemma (the prefix both ways): 4 image tokens a 28-px image."""
-    text = {**TEXT, "head_dim": 8}
-    tower = {**TOWER, "image_size": 28, "patch_size": 14}
-    if name == "gemma3":
-        config = transformers.Gemma3Config(
-            text_config={**text, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]},
-            vision_config=tower, mm_tokens_per_image=4, image_token_index=IMAGE, boi_token_index=START,
-            eoi_token_index=END,
-        )  # fmt: skip
-        model = transformers.Gemma3ForConditionalGeneration
-    else:
-        config = transformers.PaliGemmaConfig(text_config={"model_type": "gemma", **text}, image_token_index=IMAGE,
-                                              vision_config={**tower, "projection_dim": 32}, projection_dim=32)  # fmt: skip
-        model = transformers.PaliGemmaForConditionalGeneration
-    torch.manual_seed(0)
-    return model(config).to(torch.float32).eval()
-
-
-@pytest.mark.parametrize("name", ["gemma3", "paligemma"])
-def test_packed_tower_refusal_is_needed_one_causal_block_mask_changes_what_the_family_computes(name: str) -> None:
-    # NOTE [ Families a packed row refuses ]: two samples of one image each, laid as the collate
-    # lays a row, compute other logits than alone; if transformers ever made these families plain
-    # causal this fails, and the refusal should go
-    model = refused_model(name)
-    model.set_attn_implementation("sdpa")
-    rng = torch.Generator().manual_seed(0)
-    samples = []
-    for k in range(2):
-        text = torch.randint(0, IMAGE, (6 + 3 * k,), generator=rng).tolist()
-        ids = torch.tensor([*text[:2], *[IMAGE] * 4, *text[2:]])
-        # Gemma 3: 1 on the image tokens; PaliGemma: 0 on the prefix (image and prompt), 1 on the answer
-        types = ids.eq(IMAGE).long() if name == "gemma3" else (torch.arange(len(ids)) >= 8).long()
-        samples.append((ids, types, torch.randn(1, 3, 28, 28, generator=rng)))
-    segments = torch.cat([torch.full((len(ids),), n) for n, (ids, _, _) in enumerate(samples, start=1)])[None]
-    with torch.no_grad():
-        alone = [
-            model(input_ids=ids[None], token_type_ids=t[None], pixel_values=px).logits[0] for ids, t, px in samples
-        ]
-        packed = model(
-            input_ids=torch.cat([ids for ids, _, _ in samples])[None],
-            token_type_ids=torch.cat([t for _, t, _ in samples])[None],
-            pixel_values=torch.cat([px for _, _, px in samples]),
-            position_ids=torch.cat([torch.arange(len(ids)) for ids, _, _ in samples])[None],
-            attention_mask=dense_mask(segments, torch.bool),
-            use_cache=False,
-        ).logits[0]
-    n = len(samples[0][0])
-    worst = [float((packed[:n] - alone[0]).abs().max()), float((packed[n:] - alone[1]).abs().max())]
-    print(f"{name}: one causal block mask, max abs logits per sample {worst}")
-    assert min(worst) > 1e-2, worst  # each sample, the first too: it is the mask, not the neighbour
-    with pytest.raises(ConfigError, match=rf"^model_type {name!r} cannot be packed by PackedTowerCollate"):
-        PackedTowerCollate(dataset("llava")[2], PACK, config=model.config)
 
 
 def test_packed_tower_sliding_window_shorter_than_a_row_is_refused() -> None:

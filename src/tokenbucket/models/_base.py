@@ -12,7 +12,7 @@ to it. Nothing here imports ``transformers`` or ``torch`` at import time: only
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Family",
     "Inputs",
+    "PackedAttention",
     "Shape",
     "SizedImage",
     "SizedLayout",
@@ -97,6 +98,26 @@ class SizedImage:
     placeholders: int
 
 
+@dataclass(frozen=True)
+class PackedAttention:
+    """How a packed row's text model attends, for a family that one causal block-diagonal mask
+    over positions from 0 does not pack (NOTE [ Families a packed row refuses ] in
+    :mod:`tokenbucket.train.packed_tower`).
+
+    ``masks(causal, segment_ids, token_type_ids)`` takes the rows' causal block-diagonal mask
+    ``[R, 1, P, P]`` (bool, True: attend; a padding token attends to itself only), their
+    ``segment_ids`` ``[R, P]`` and the samples' ``token_type_ids`` ``[R, P]`` (0 on padding;
+    ``None`` when no item carries them) and returns the bool mask the text model takes as
+    ``attention_mask``, or a dict of them keyed by layer type; nothing across samples.
+    ``first_position``: each sample's first position id. ``windows``: the masks apply the text
+    model's sliding window within each sample (else a window shorter than the row is refused).
+    """
+
+    masks: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor | dict[str, torch.Tensor]]
+    first_position: int = 0
+    windows: bool = False
+
+
 def check_frames(frames: object, fps: object = None) -> None:
     """A clip's frame count (a positive integer) and its source ``fps`` (``None`` or a positive number)."""
     if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
@@ -164,8 +185,8 @@ class Family:
         video_processor: the ``transformers`` video processor class of a family with a video
             path (``None``: a camera's frames reach the model as images, NOTE [ Frames are images ]).
         unpacked_reason: why :class:`~tokenbucket.train.packed_tower.PackedTowerCollate` does not
-            pack this family, in a few words (``None``: it does, from :meth:`tower_image`;
-            NOTE [ Families a packed row refuses ]).
+            pack this family, in a few words (``None``: it does, from :meth:`tower_image` and
+            :meth:`packed_attention`; NOTE [ Families a packed row refuses ]).
         sized_pixels: its processor writes ``image_sizes`` beside ``pixel_values``, and a packed
             row lays them by :meth:`sized_layout` and :meth:`sized_image` (``False``: by :meth:`tower_image`).
     """
@@ -310,6 +331,12 @@ class Family:
         one of ``images`` images of its sample, under :meth:`sized_layout`'s ``rule``: the
         model's own count from the sizes it reads (for Pixtral, the processor's output sides)."""
         raise AssertionError(f"family {self.name!r} writes no image_sizes")
+
+    def packed_attention(self, text: object) -> PackedAttention | None:
+        """How a packed row of a family that packs attends under ``text`` (its transformers text
+        config): ``None``, one causal block-diagonal mask over positions restarting at 0; a
+        config the family's masks cannot follow is refused in one line."""
+        return None
 
     # -- stages ---------------------------------------------------------------------------------
 

@@ -23,6 +23,22 @@ image's tokens then attend both ways within the image, so every text layer runs 
 explicit ``B x 1 x S x S`` mask (its sliding window and the causal rule folded in), not sdpa's
 causal flag. The cost model prices it as PaliGemma's prefix-LM mask (``explicit_mask``).
 
+NOTE [ Gemma 3 packed masks ]
+Alone, ``Gemma3Model`` (transformers 5.24) turns ``token_type_ids`` into one block a run of
+image tokens and builds two masks: ``"full_attention"`` = causal OR same image block, and
+``"sliding_attention"`` = that AND ``kv > q - sliding_window`` (so an image token sees its whole
+block ahead of it, but behind it only the window). Its forward takes ``attention_mask`` as a
+dict keyed by layer type as it is (the path ``generate`` uses) and hands each layer its type's
+mask. A packed row gets, per layer type, each sample's own mask on the block diagonal: the
+rows' causal block-diagonal mask, OR the image blocks (runs of ``token_type_ids`` 1, a run cut
+where a sample starts), and for the sliding layers AND the window over row indices, which
+inside one sample are its position differences. With positions restarting at 0 per sample, the
+row computes per sample what the sample alone computes, under SDPA (bool) and eager (additive)
+(tests/test_packed_gemma.py). Without ``token_type_ids`` the model alone is causal in both
+masks, and so is the row. Flash-attn has no such path: ``_supports_flash_attn`` is False (it
+drops the image blocks) and ``cu_seqlens`` say causal blocks only, so a padding-free row is
+refused. ``use_bidirectional_attention`` (EmbeddingGemma's text-only switch) is refused.
+
 Example (gemma-3-4b's tower; pan-and-scan on for the second count):
     >>> from tokenbucket.models._hf_json import HFConfig
     >>> config = {"model_type": "gemma3", "vision_config": {"image_size": 896, "patch_size": 14}}
@@ -34,12 +50,22 @@ Example (gemma-3-4b's tower; pan-and-scan on for the second count):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, fixed_square, token_ids
+from tokenbucket.models._base import (
+    Family,
+    Inputs,
+    PackedAttention,
+    Shape,
+    TowerImage,
+    VisionInputs,
+    fixed_square,
+    token_ids,
+)
 from tokenbucket.models._hf_json import HFConfig, is_side
 from tokenbucket.models._stages import Projector, VisionTower, vit_tower
 from tokenbucket.models.llava import VIT_DEFAULTS, image_token
@@ -77,10 +103,7 @@ def crops(rule: Mapping[str, Any], height: int, width: int) -> int:
 
 class Gemma3(Family):
     name = "gemma3"
-    unpacked_reason = (
-        "its image tokens attend both ways within each image and its layers alternate with sliding-window ones, "
-        "which one causal block-diagonal mask computes neither of"
-    )
+    unpacked_reason = None  # NOTE [ Gemma 3 packed masks ]
     model_types = ("gemma3",)
     hf_classes = {"gemma3": "Gemma3ForConditionalGeneration"}
     vision_attr = "vision_tower"
@@ -127,6 +150,27 @@ class Gemma3(Family):
     def default_image(self, cfg: HFConfig) -> tuple[int, int]:
         return self.tower_square(cfg)
 
+    def tower_image(self, cfg: HFConfig) -> TowerImage:
+        """One tower pass (the image, or one pan-and-scan crop): ``pixel_values`` holds a sample's
+        passes, image after image (NOTE [ Gemma 3 crops ])."""
+        rule = self.image_rule(cfg)
+        channels = self.vision_int(cfg, "num_channels")
+        return TowerImage(channels=channels, side=rule["side"], patches=rule["patches"], llm_tokens=rule["tokens"])
+
+    def packed_attention(self, text: object) -> PackedAttention | None:
+        """The two masks a packed row's layers take (NOTE [ Gemma 3 packed masks ])."""
+        if getattr(text, "use_bidirectional_attention", False):
+            raise ConfigError(
+                "config (model_type='gemma3'): its text model sets use_bidirectional_attention, whose masks a packed "
+                "row does not build (NOTE [ Gemma 3 packed masks ])"
+            )
+        window = getattr(text, "sliding_window", None)
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ConfigError(
+                f"config (model_type='gemma3'): sliding_window should be a positive integer, but got {window!r}"
+            )
+        return PackedAttention(masks=functools.partial(_packed_masks, window), windows=True)
+
     def vision_towers(self, cfg: HFConfig) -> tuple[VisionTower, ...]:
         table, where = self.vision_section(cfg)
         return (vit_tower(cfg, table, where, self.vision_types[str(table["model_type"])], reads_hidden=False),)
@@ -163,6 +207,26 @@ class Gemma3(Family):
         return {"input_ids": ids, "token_type_ids": tt}, {
             "pixel_values": ((vi.tower_images * shape.images * shape.batch, 3, side, side), dtype)
         }
+
+
+def _packed_masks(
+    window: int | None, causal: torch.Tensor, segment_ids: torch.Tensor, token_type_ids: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """``{"full_attention", "sliding_attention"}`` bool ``[R, 1, P, P]`` of packed rows (NOTE [ Gemma 3 packed masks ])."""
+    import torch  # optional: the packed collate only (NOTE [ Families defer torch ])
+
+    allowed = causal
+    if token_type_ids is not None:
+        image = token_type_ids == 1
+        before = torch.nn.functional.pad(image, (1, 0))[:, :-1]
+        starts = segment_ids != torch.nn.functional.pad(segment_ids, (1, 0), value=-1)[:, :-1]
+        block = torch.where(image, (image & (~before | starts)).cumsum(-1), 0)  # 1, 2, ... a run; 0: text
+        allowed = allowed | ((block[:, :, None] == block[:, None, :]) & image[:, :, None])[:, None]
+    if window is None:
+        return {"full_attention": allowed, "sliding_attention": allowed}
+    index = torch.arange(segment_ids.shape[1], device=segment_ids.device)
+    near = index[None, :] > index[:, None] - window  # [q, kv]: kv > q - window
+    return {"full_attention": allowed, "sliding_attention": allowed & near}
 
 
 FAMILY = Gemma3()

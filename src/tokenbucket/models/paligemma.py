@@ -1,6 +1,18 @@
 """PaliGemma: a SigLIP tower at a fixed square, one linear projector, a Gemma backbone under a
 prefix-LM mask (the image and the prompt attend both ways; NOTE [ What an HF block saves ]).
 
+NOTE [ PaliGemma packed mask ]
+Alone, ``PaliGemmaModel`` (transformers 5.24) numbers positions from 1 and, given
+``token_type_ids``, ORs into the causal mask one block of every token of type 0 (the image and
+the prompt: the prefix), so the prefix attends both ways and the answer causally. Handed a 4-D
+``attention_mask`` it uses it as it is, for every layer. A packed row gets the rows' causal
+block-diagonal mask OR each sample's own prefix block, and positions 1, 2, ... restarting per
+sample: per sample what the sample alone computes (tests/test_packed_gemma.py). Without
+``token_type_ids`` the model alone is causal, and so is the row. The 4-D mask stands for both
+layer types of a Gemma 2 text model (PaliGemma 2), so a sliding window shorter than the row is
+refused; flash-attn is refused (``_supports_flash_attn`` is False; ``cu_seqlens`` say causal
+blocks only).
+
 Example:
     >>> from tokenbucket.models._hf_json import HFConfig
     >>> FAMILY.vision_inputs(HFConfig("<p>", {"model_type": "paligemma"}), 480, 640)
@@ -12,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tokenbucket.models._base import Family, Inputs, Shape, VisionInputs, token_ids
+from tokenbucket.models._base import Family, Inputs, PackedAttention, Shape, TowerImage, VisionInputs, token_ids
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models._stages import Projector, VisionTower, vit_tower
 from tokenbucket.models.llava import VIT_DEFAULTS, image_token
@@ -31,10 +43,7 @@ _SIGLIP_224 = {"model_type": "siglip_vision_model", "intermediate_size": 4096, "
 
 class PaliGemma(Family):
     name = "paligemma"
-    unpacked_reason = (
-        "its image and prompt attend both ways (a prefix-LM mask) and its positions start at 1, which a causal "
-        "block-diagonal mask from 0 computes neither of"
-    )
+    unpacked_reason = None  # NOTE [ PaliGemma packed mask ]
     model_types = ("paligemma",)
     hf_classes = {"paligemma": "PaliGemmaForConditionalGeneration"}
     vision_attr = "vision_tower"
@@ -58,6 +67,17 @@ class PaliGemma(Family):
 
     def default_image(self, cfg: HFConfig) -> tuple[int, int]:
         return self.tower_square(cfg)
+
+    def tower_image(self, cfg: HFConfig) -> TowerImage:
+        rule = self.image_rule(cfg)
+        grid = (int(rule["side"]) // int(rule["patch"])) ** 2
+        return TowerImage(
+            channels=self.vision_int(cfg, "num_channels"), side=rule["side"], patches=grid, llm_tokens=grid
+        )
+
+    def packed_attention(self, text: object) -> PackedAttention | None:
+        """The prefix-LM mask, positions from 1 (NOTE [ PaliGemma packed mask ])."""
+        return PackedAttention(masks=_packed_mask, first_position=1)
 
     def vision_towers(self, cfg: HFConfig) -> tuple[VisionTower, ...]:
         table, where = self.vision_section(cfg)
@@ -84,6 +104,15 @@ class PaliGemma(Family):
         return {"input_ids": ids, "token_type_ids": tt}, {
             "pixel_values": ((shape.images * shape.batch, 3, side, side), dtype)
         }
+
+
+def _packed_mask(causal: torch.Tensor, segment_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+    """Bool ``[R, 1, P, P]``: each sample's causal mask OR its prefix both ways (NOTE [ PaliGemma packed mask ])."""
+    if token_type_ids is None:
+        return causal
+    prefix = token_type_ids.eq(0) & segment_ids.gt(0)
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return causal | (prefix[:, :, None] & prefix[:, None, :] & same)[:, None]
 
 
 FAMILY = PaliGemma()

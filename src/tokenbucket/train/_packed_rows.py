@@ -17,7 +17,7 @@ from tokenbucket.train.batch import EmptyRow
 from tokenbucket.train.packing import block_diagonal_mask, mask_size_warning, next_fit_rows
 from tokenbucket.train.sampler import rows_of
 
-__all__ = ["check_packed_options", "dense_mask", "packed_peak", "packed_rows", "warn_mask_size"]
+__all__ = ["as_mask_dtype", "check_packed_options", "dense_mask", "packed_peak", "packed_rows", "warn_mask_size"]
 
 
 def check_packed_options(
@@ -100,7 +100,11 @@ def dense_mask(segment_ids: torch.Tensor, mask_dtype: torch.dtype) -> torch.Tens
     """``[R, 1, P, P]``: causal inside each sample, nothing across samples (NOTE [ Packed VLM
     rows ]); bool (True = attend) or additive in a float ``mask_dtype`` (0, and the dtype's
     minimum where masked)."""
-    allowed = block_diagonal_mask(segment_ids, causal=True)
+    return as_mask_dtype(block_diagonal_mask(segment_ids, causal=True), mask_dtype)
+
+
+def as_mask_dtype(allowed: torch.Tensor, mask_dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask (True = attend) as it is, or additive in a float ``mask_dtype``."""
     if mask_dtype == torch.bool:
         return allowed
     additive = torch.zeros(allowed.shape, dtype=mask_dtype)

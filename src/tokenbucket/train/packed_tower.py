@@ -1,7 +1,8 @@
-"""Packed rows for a VLM with a fixed-size tower (LLaVA-1.5, InternVL; Idefics3 / SmolVLM's
-tiles, NOTE [ Packed tiles by row ]) or whose processor writes ``image_sizes`` (LLaVA-NeXT,
-LLaVA-OneVision, Mistral 3; NOTE [ Packed sized-image rows ]): whole samples laid end to end in
-rows of ``pack_length`` LLM tokens, their images in the family's own pixel layout.
+"""Packed rows for a VLM with a fixed-size tower (LLaVA-1.5, InternVL, Gemma 3, PaliGemma;
+Idefics3 / SmolVLM's tiles, NOTE [ Packed tiles by row ]) or whose processor writes
+``image_sizes`` (LLaVA-NeXT, LLaVA-OneVision, Mistral 3; NOTE [ Packed sized-image rows ]):
+whole samples laid end to end in rows of ``pack_length`` LLM tokens, their images in the
+family's own pixel layout.
 
 NOTE [ Packed fixed-tower rows ]
 A fixed-tower family's processor resizes every image (LLaVA-1.5) or tile (InternVL: an image's
@@ -24,7 +25,8 @@ for flash-attn are taken as NOTE [ Packed rows into flash-attn ] says, with the 
 
 That 4-D mask replaces any sliding window the text model has (Mistral's ``sliding_window``,
 ``"sliding_attention"`` in ``layer_types``): a window shorter than ``pack_length`` is refused
-(one at least ``pack_length`` long never binds in a row, packed or alone).
+(one at least ``pack_length`` long never binds in a row, packed or alone); Gemma 3's masks apply
+its window within each sample (NOTE [ Gemma 3 packed masks ]).
 
 Each item is checked (NOTE [ Items against their metadata ]): its ids hold its whole sequence
 (the breakdown's ``total``) with as many placeholders as its images make and as its metadata's
@@ -32,19 +34,21 @@ cameras make (``temporal x spatial`` each), its pixels are the tower's ``[C, sid
 its own attention mask masks none of it.
 
 NOTE [ Families a packed row refuses ]
-A family packs here when one causal block-diagonal mask and 1-D positions restarting at 0
-compute what each sample computes alone, and its pixels are one fixed square an entry (NOTE
-[ Packed tiles by row ] too) or laid by ``image_sizes`` (NOTE [ Packed sized-image rows ]); the
-collate refuses the others in one line, with the reason its family module gives
-(:attr:`~tokenbucket.models._base.Family.unpacked_reason`):
+A family packs here when its pixels are one fixed square an entry (NOTE [ Packed tiles by
+row ] too) or laid by ``image_sizes`` (NOTE [ Packed sized-image rows ]), and its packed rows
+can be given, per sample, the attention and positions the sample alone gets. For LLaVA-1.5,
+InternVL, LLaVA-NeXT, LLaVA-OneVision, Mistral 3 and Idefics3 / SmolVLM that is one causal
+block-diagonal mask and 1-D positions restarting at 0. Gemma 3 and PaliGemma attend otherwise in
+training (``token_type_ids``: Gemma 3's image tokens both ways within each image, under a full
+and a sliding-window mask; PaliGemma's image and prompt both ways, positions from 1), and their
+family builds the rows' masks from the causal block-diagonal one
+(:meth:`~tokenbucket.models._base.Family.packed_attention`; NOTE [ Gemma 3 packed masks ], NOTE
+[ PaliGemma packed mask ]): the batch's ``attention_mask`` is then Gemma 3's dict keyed by layer
+type, which its model takes as it is, or PaliGemma's 4-D mask. Those masks are dense only:
+``mask_dtype=None`` (flash-attn varlen, causal within each sample) is refused for them in one
+line. The collate refuses the other families in one line, with the reason their family module
+gives (:attr:`~tokenbucket.models._base.Family.unpacked_reason`):
 
-* Gemma 3: in training its image tokens attend both ways within each image (``token_type_ids``
-  turn into blocks OR'd into the causal mask) and its layers alternate full and sliding-window
-  attention under two masks. A 4-D mask stands for both, at every layer: packed rows would lose
-  the image blocks and the window. (Packing it needs a mask per layer type with the image
-  blocks inside each sample.)
-* PaliGemma: a prefix-LM (the image and prompt, ``token_type_ids`` 0, attend both ways) whose
-  positions start at 1; a causal mask and positions from 0 compute something else.
 * Qwen2-VL, Qwen2.5-VL, Qwen3-VL: their patch stream and 3-D rope are
   :class:`~tokenbucket.train.packed_modal.PackedModalityCollate`'s.
 * plain decoders: no tower; :class:`~tokenbucket.train.packing.PackedCollate` packs text.
@@ -61,12 +65,19 @@ import torch
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.cost.staged_packed import StagedPackedModel
 from tokenbucket.models import family
-from tokenbucket.models._base import Family, SizedLayout, TowerImage
+from tokenbucket.models._base import Family, PackedAttention, SizedLayout, TowerImage
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.train._cameras import as_mapping
 from tokenbucket.train._keys import ItemTemplates, Ragged, check_ragged, collate_keys, to_tensor
-from tokenbucket.train._packed_rows import check_packed_options, dense_mask, packed_peak, packed_rows, warn_mask_size
+from tokenbucket.train._packed_rows import (
+    as_mask_dtype,
+    check_packed_options,
+    dense_mask,
+    packed_peak,
+    packed_rows,
+    warn_mask_size,
+)
 from tokenbucket.train._patches import describe
 from tokenbucket.train._pixel_layouts import (
     IMAGE_SIZES,
@@ -79,7 +90,7 @@ from tokenbucket.train._pixel_layouts import (
 )
 from tokenbucket.train.batch import Batch, EmptyRow
 from tokenbucket.train.modal import ModalityKeys
-from tokenbucket.train.packing import cu_seqlens_of
+from tokenbucket.train.packing import block_diagonal_mask, cu_seqlens_of
 from tokenbucket.train.risk import check_planned_model
 from tokenbucket.train.sampler import position_of
 from tokenbucket.train.shaping import ShapedData
@@ -123,7 +134,9 @@ class PackedTowerCollate:
       the items carry, ``segment_ids`` (int32, 1, 2, ... per sample of a row, 0 on padding),
       ``position_ids`` (0, 1, ... restarting per sample): ``[R, P]``; ``cu_seqlens`` (int32) and
       ``max_seqlen`` over the real tokens in row order; ``attention_mask`` ``[R, 1, P, P]``
-      unless ``mask_dtype`` is None.
+      unless ``mask_dtype`` is None (Gemma 3: a dict of two, ``"full_attention"`` and
+      ``"sliding_attention"``; PaliGemma's positions start at 1: NOTE [ Families a packed row
+      refuses ]).
     - ``pixel_values`` ``[images, C, side, side]`` (every image of every row, in row order;
       absent from a batch without images, such as a rank's padding batch: transformers' towers
       refuse an empty one, so ``model(pixel_values=batch.get("pixel_values"), ...)``),
@@ -148,9 +161,9 @@ class PackedTowerCollate:
         rows_per_batch: rows per batch; ``None``: as many as the batch needs.
         config: the model's transformers config (``LlavaConfig``, ``InternVLConfig``,
             ``LlavaNextConfig``, ``LlavaOnevisionConfig``, ``Mistral3Config``, ``Idefics3Config``,
-            ``SmolVLMConfig``): its family
-            lays the pixels, its ``image_token_id`` marks the placeholders; a family that cannot
-            be packed is refused (NOTE [ Families a packed row refuses ]).
+            ``SmolVLMConfig``, ``Gemma3Config``, ``PaliGemmaConfig``): its family lays the pixels
+            and the masks, its ``image_token_id`` marks the placeholders; a family that cannot be
+            packed is refused (NOTE [ Families a packed row refuses ]).
         row_patches: tower patches per row (a two-cap plan's ``row_patches``; an image is the
             family's ``patches``); ``None``: not capped.
         mask_dtype: ``torch.bool`` (SDPA), a float dtype (an additive mask, for eager attention)
@@ -164,7 +177,8 @@ class PackedTowerCollate:
 
     Raises:
         ConfigError: (on construction) a family that cannot be packed, a config without an image
-            token or whose sliding window is shorter than ``pack_length``; (on a call) an item
+            token or whose sliding window is shorter than ``pack_length`` (Gemma 3's masks apply
+            it), ``mask_dtype=None`` for a family that packs under its own masks; (on a call) an item
             that disagrees with its metadata or the tower, a sample longer than ``pack_length``
             or with more patches than ``row_patches``, a row over either cap or more rows than
             ``rows_per_batch``: each in one line naming the sample or row.
@@ -191,7 +205,7 @@ class PackedTowerCollate:
         cost_model: PredictsMemory | StagedPackedModel | None = None,
     ) -> None:
         check_packed_options(pack_length, rows_per_batch, row_patches, mask_dtype)
-        self.tower, self.image_token_id, self._family = _tower_of(config, pack_length)
+        self.tower, self.image_token_id, self._family, self.attention = _tower_of(config, pack_length, mask_dtype)
         check_ragged(ragged)
         check_planned_model(data, cost_model)  # NOTE [ A cost model beside its manifest ]
         self.data, self.pack_length, self.rows_per_batch = data, pack_length, rows_per_batch
@@ -228,7 +242,7 @@ class PackedTowerCollate:
             self._pixels(out, samples, fit)
         if self.mask_dtype is not None:  # NOTE [ Packed rows into flash-attn ]: None, no dense mask
             self._warned_mask = warn_mask_size(R, self.pack_length, self._warned_mask)
-            out["attention_mask"] = dense_mask(out["segment_ids"], self.mask_dtype)
+            out["attention_mask"] = self._mask(out)
         k = self.keys
         used = {k.input_ids, k.labels, k.attention_mask, k.pixel_values, *k.token_types}
         if isinstance(self.tower, SizedLayout):
@@ -251,6 +265,18 @@ class PackedTowerCollate:
             info = dataclasses.replace(info, position=position_of(batch))
         out["info"] = info
         return out
+
+    def _mask(self, out: Batch) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The rows' dense mask: causal block-diagonal, or the family's (NOTE [ Families a packed row refuses ])."""
+        if self.mask_dtype is None:
+            raise AssertionError("a dense mask needs a mask_dtype")
+        if self.attention is None:
+            return dense_mask(out["segment_ids"], self.mask_dtype)
+        causal = block_diagonal_mask(out["segment_ids"], causal=True)
+        masks = self.attention.masks(causal, out["segment_ids"], out.get("token_type_ids"))
+        if isinstance(masks, dict):
+            return {layer: as_mask_dtype(m, self.mask_dtype) for layer, m in masks.items()}
+        return as_mask_dtype(masks, self.mask_dtype)
 
     def _read(self, index: int, item: object) -> _Sample:
         """One item, checked against its metadata and the tower (NOTE [ Packed fixed-tower rows ])."""
@@ -354,6 +380,7 @@ class PackedTowerCollate:
         segment = torch.zeros(R, P, dtype=torch.int32)
         position = torch.zeros(R, P, dtype=torch.long)
         seqlens: list[int] = []
+        first = 0 if self.attention is None else self.attention.first_position
         for r, row in enumerate(fit):
             start = 0
             for seg, s in enumerate(row, start=1):
@@ -367,7 +394,7 @@ class PackedTowerCollate:
                 for t, value in sample.types.items():
                     types[t][r, span] = value
                 segment[r, span] = seg
-                position[r, span] = torch.arange(n)
+                position[r, span] = torch.arange(first, first + n)
                 seqlens.append(n)
                 start += n
         out[k.input_ids] = ids
@@ -407,10 +434,12 @@ class PackedTowerCollate:
         out["image_segment_ids"] = torch.tensor(segments, dtype=torch.int32)
 
 
-def _tower_of(config: object, pack_length: int) -> tuple[TowerImage | SizedLayout, int, Family]:
-    """The family's pixel layout, image token and family under ``config`` (a transformers config),
-    or a one-line refusal (NOTE [ Families a packed row refuses ], NOTE [ Packed fixed-tower rows ],
-    NOTE [ Packed sized-image rows ])."""
+def _tower_of(
+    config: object, pack_length: int, mask_dtype: torch.dtype | None
+) -> tuple[TowerImage | SizedLayout, int, Family, PackedAttention | None]:
+    """The family's pixel layout, image token, family and packed attention under ``config`` (a
+    transformers config), or a one-line refusal (NOTE [ Families a packed row refuses ], NOTE
+    [ Packed fixed-tower rows ], NOTE [ Packed sized-image rows ])."""
     model_type = getattr(config, "model_type", None)
     to_dict = getattr(config, "to_dict", None)
     if not isinstance(model_type, str) or not callable(to_dict):
@@ -432,14 +461,21 @@ def _tower_of(config: object, pack_length: int) -> tuple[TowerImage | SizedLayou
         raise ConfigError(f"config (model_type={model_type!r}) has no image_token_id, but got {token!r}")
     get_text = getattr(config, "get_text_config", None)
     text = get_text() if callable(get_text) else config
-    window = _window(text)
+    attention = fam.packed_attention(text)
+    if attention is not None and mask_dtype is None:
+        raise ConfigError(
+            f"config (model_type={model_type!r}): its packed rows attend under the family's own masks, which "
+            f"cu_seqlens cannot say (a varlen kernel is causal within each sample); pass mask_dtype=torch.bool (SDPA) "
+            f"or a float dtype (eager) (NOTE [ Families a packed row refuses ])"
+        )
+    window = None if attention is not None and attention.windows else _window(text)
     if window is not None and window < pack_length:
         raise ConfigError(
             f"config (model_type={model_type!r}): its text model attends within a sliding window of {window} tokens, "
             f"shorter than pack_length={pack_length}; a packed row's 4-D mask replaces the window "
             f"(NOTE [ Packed fixed-tower rows ])"
         )
-    return tower, token, fam
+    return tower, token, fam, attention
 
 
 def _window(text: object) -> int | None:
