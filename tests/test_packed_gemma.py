@@ -5,10 +5,11 @@ computes with its ``token_type_ids``, and one causal block-diagonal mask does no
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from tokenbucket import ConfigError, breakdown_table
 from tokenbucket.models import family
@@ -16,6 +17,7 @@ from tokenbucket.models._base import PackedAttention
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.tokens.hf import HFConfig, token_spec_from_hf
 from tokenbucket.train._packed_rows import dense_mask
+from tokenbucket.train.batch import EmptyRow
 from tokenbucket.train.collate import TokenBucketDataset
 from tokenbucket.train.packed_tower import PackedTowerCollate
 from tokenbucket.train.packing import block_diagonal_mask
@@ -236,3 +238,22 @@ def test_packed_gemma_options_its_masks_cannot_follow_are_one_line_config_errors
             PackedTowerCollate(tiny.data, PACK, config=windowed)
         assert PackedTowerCollate(tiny.data, PACK, config=paligemma_config(model_type="gemma2", sliding_window=PACK))
     assert family(tiny.config.model_type).unpacked_reason is None
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packed_gemma_padding_batch_and_text_row_run_through_the_model(tiny: Tiny, workers: int) -> None:
+    # a rank's padding batch (one empty row) and a row of text only, through a DataLoader: the
+    # masks (Gemma 3's dict too) reach the model, which computes the text sample's own logits
+    for picked in ([], [2]):
+        items = [tiny.data[i] for i in picked] or [(len(tiny.data), EmptyRow(0))]
+        collate = PackedTowerCollate(tiny.data, PACK, 2, config=tiny.config)
+        one: list[Any] = [items]  # one batch, handed whole to the collate (no auto-batching)
+        (batch,) = DataLoader(cast("Dataset[Any]", one), batch_size=None, collate_fn=collate, num_workers=workers)
+        assert batch["index"] == [picked, []] and "pixel_values" not in batch
+        assert isinstance(batch["attention_mask"], dict) == (tiny.config.model_type == "gemma3")
+        with torch.no_grad():
+            logits = tiny.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                                attention_mask=batch["attention_mask"], use_cache=False).logits  # fmt: skip
+        assert torch.isfinite(logits).all()
+        if picked:
+            assert float((logits[0, : tiny.alone[2].shape[0]] - tiny.alone[2]).abs().max()) <= 1e-5
