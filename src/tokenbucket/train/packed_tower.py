@@ -89,7 +89,7 @@ from tokenbucket.train._pixel_layouts import (
     read_sized,
 )
 from tokenbucket.train.batch import Batch, EmptyRow
-from tokenbucket.train.modal import ModalityKeys
+from tokenbucket.train.modal import ModalityKeys, _vector
 from tokenbucket.train.packing import block_diagonal_mask, cu_seqlens_of
 from tokenbucket.train.risk import check_planned_model
 from tokenbucket.train.sampler import position_of
@@ -487,15 +487,3 @@ def _window(text: object) -> int | None:
     if types is not None:
         return int(window) if "sliding_attention" in types else None
     return None if getattr(text, "use_sliding_window", True) is False else int(window)
-
-
-def _vector(value: object, where: str, length: int | None = None) -> torch.Tensor:
-    """A per-token value ``[L]`` (or a processor's ``[1, L]``) of ``length`` tokens when given."""
-    x = to_tensor(value)
-    if x is not None and x.ndim == 2 and x.shape[0] == 1:
-        x = x[0]
-    if x is None or x.ndim != 1:
-        raise ConfigError(f"{where} should be [L] (or [1, L]), but got {describe(value)}")
-    if length is not None and x.shape[0] != length:
-        raise ConfigError(f"{where} holds {x.shape[0]} tokens, but the input ids hold {length}")
-    return x
