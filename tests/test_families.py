@@ -79,6 +79,17 @@ def test_registry_knows_every_family_and_refuses_others_in_one_line() -> None:
         models.family("mamba")
 
 
+def test_every_family_that_reads_its_samples_image_count_says_so() -> None:
+    # NOTE [ Images of a sample ]: the breakdown runs sample_rule_inputs with the row's image
+    # count only for a family that sets counts_images; one that overrides the method without it
+    # would be priced as if each image were its sample's lone one
+    for mt in models.SUPPORTED_MODEL_TYPES:
+        family = models.family(mt)
+        overrides = type(family).sample_rule_inputs is not models.Family.sample_rule_inputs
+        assert family.counts_images == overrides, mt
+    assert models.family("llava_onevision").counts_images
+
+
 def test_qwen2_vl_counts_equal_the_processor_over_the_grid() -> None:
     proc = _proc("Qwen2VLImageProcessor")
     sizes = [s for s in GRID if min(s) >= 28]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 import transformers
@@ -29,7 +30,8 @@ from tokenbucket.cost.staged import ERROR_BAND, Sample, StagedCostModel
 from tokenbucket.models import family
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models.llava_onevision import ONEVISION_PINPOINTS
-from tokenbucket.tokens.hf import vision_inputs
+from tokenbucket.tokens.breakdown import breakdown_sample, breakdown_table
+from tokenbucket.tokens.hf import token_spec_from_hf, vision_inputs
 
 # the grid, plus sizes around the anyres_max downscale and the planner's worst image
 SIZES = [*GRID, (1386, 1152), (1154, 946), (1407, 1152), (2304, 2304), (384, 2304), (3000, 500), (1152, 2305)]
@@ -108,6 +110,77 @@ def test_llava_onevision_counts_equal_the_model_packing(name: str) -> None:
         got.append(vi.llm_tokens)
         want.append(int(lens[0]))
     assert got == want
+
+
+def _placeholders(config: dict[str, Any], samples: list[list[tuple[int, int]]]) -> list[int]:
+    """The image placeholders the processor writes for each sample of images of these sizes: the
+    image processor run on the batch (its own ``batch_num_images``), then ``replace_image_token``."""
+    proc = _processor(config)
+    pixels = [[np.zeros((h, w, 3), dtype=np.uint8) for h, w in sizes] for sizes in samples]
+    out = proc.image_processor(pixels, return_tensors="np")
+    assert list(out["batch_num_images"]) == [len(sizes) for sizes in samples]
+    written = [len(proc.replace_image_token(out, i)) // len("<image>") for i in range(sum(map(len, samples)))]
+    each = iter(written)
+    return [sum(next(each) for _ in sizes) for sizes in samples]
+
+
+# per-camera rows (name, frames, height, width) and their text tokens: 1, 2 and 3 images of
+# different sizes, a 3-frame camera fed as stills beside a 1-frame one (4 images) and a clip
+# beside one image (the clip is a video: the image is its sample's lone one, tiled)
+CAMERA_ROWS = [
+    ([("head", 1, 480, 640)], 10),
+    ([("head", 1, 480, 640), ("wrist", 1, 224, 224)], 7),
+    ([("head", 1, 1080, 1920), ("wrist", 1, 240, 320), ("side", 1, 600, 90)], 31),
+    ([("wrist", 3, 240, 320), ("head", 1, 720, 1280)], 5),
+    ([("head", 8, 480, 640), ("wrist", 1, 240, 320)], 12),
+]
+
+
+@pytest.mark.parametrize("name", ["default", "default-strategy"])
+def test_llava_onevision_breakdown_of_several_images_equals_the_processor(name: str) -> None:
+    # NOTE [ Images of a sample ]: each image of a row is priced at its sample's image count
+    config = CONFIGS[name]
+    cfg = HFConfig(f"<{name}>", config)
+    spec = token_spec_from_hf(cfg, stills=("wrist",))
+    images = [[(h, w) for cam, f, h, w in row if f == 1 or cam == "wrist" for _ in range(f)] for row, _ in CAMERA_ROWS]
+    clips = [sum(_clip(cfg, f, h, w) for cam, f, h, w in row if f > 1 and cam != "wrist") for row, _ in CAMERA_ROWS]
+    want = [p + c + t for p, c, (_, t) in zip(_placeholders(config, images), clips, CAMERA_ROWS, strict=True)]
+    rows = [{"key": f"r{i}", "cameras": [{"name": n, "frames": f, "height": h, "width": w} for n, f, h, w in row],
+             "text_tokens": t} for i, (row, t) in enumerate(CAMERA_ROWS)]  # fmt: skip
+    out = breakdown_table(pa.Table.from_pylist(rows), spec)
+    assert out.rejected.num_rows == 0
+    assert [breakdown_sample(row, spec).total for row in rows] == out.totals.tolist() == want
+    strategy = 0 if name == "default" else 1
+    assert want[:3] == [2929 - strategy + 10, 2 * (730 - strategy) + 7, 3 * (730 - strategy) + 31]
+
+    # the flat schema: cameras x frames of one size, against the processor and the staged cost
+    # model, with one-frame cameras (images under either feed) and, under feed="images", 2 x 3 stills
+    cost = StagedCostModel(staged_from_config(cfg), config=cfg)
+    flat = [(1, 1, 480, 640, 10), (2, 1, 480, 640, 10), (3, 1, 1080, 1920, 4), (2, 3, 240, 320, 0)]
+    for feed in ("video", "images"):
+        mine = [r for r in flat if r[1] == 1 or feed == "images"]
+        names = ("cameras", "frames", "height", "width", "text_tokens")
+        table = pa.table({"key": [f"f{i}" for i in range(len(mine))], **{k: [r[j] for r in mine]
+                                                                        for j, k in enumerate(names)}})  # fmt: skip
+        spec = token_spec_from_hf(cfg, feed=feed)
+        processor = _placeholders(config, [[(h, w)] * (c * f) for c, f, h, w, _ in mine])
+        staged = [cost.memory(1, Sample.stills(cameras=c, frames=f, height=h, width=w, text_tokens=t)).seq_len
+                  for c, f, h, w, t in mine]  # fmt: skip
+        scalar = [breakdown_sample(dict(zip(table.column_names, r, strict=True)), spec).total
+                  for r in zip(*table.to_pydict().values(), strict=True)]  # fmt: skip
+        assert (
+            scalar
+            == breakdown_table(table, spec).totals.tolist()
+            == staged
+            == [p + r[4] for p, r in zip(processor, mine, strict=True)]
+        ), feed
+        # the 2-camera row: 2 x 730 + 10 (the lone-image rule gave 2 x 2,929 + 10 = 5,868)
+        assert scalar[1] == 2 * (730 - strategy) + 10
+
+
+def _clip(cfg: HFConfig, frames: int, height: int, width: int) -> int:
+    """A clip's tokens (checked against the video processor in tests/test_video_tokens.py)."""
+    return family("llava_onevision").clip_inputs(cfg, frames, height, width).llm_tokens
 
 
 def test_llava_onevision_image_processor_crops_and_multi_image_pixels() -> None:

@@ -46,10 +46,6 @@ PINS = [[28, 56], [56, 28], [56, 56], [28, 84], [84, 28]]  # any-resolution grid
 # (images, height, width, text tokens): 0, 1 or 2 images of different sizes, text of different
 # lengths; samples 1 and 4 hold images of one size, which the wrong-order check swaps
 SAMPLES = [(1, 40, 70, 9), (2, 30, 50, 12), (0, 0, 0, 6), (1, 60, 44, 14), (2, 30, 50, 5), (1, 84, 30, 8)]
-# OneVision's: one image a sample at most (every image tiled). The token stage prices each of a
-# sample's images as a lone one, so a metadata row of 2 OneVision images disagrees with what the
-# processor writes (an untiled crop and its newline an image) and the collate refuses it
-LONE = [(min(c, 1), h, w, t) for c, h, w, t in SAMPLES]
 # rows of 3, 2 and 1 of the samples, next-fit
 PACK = {"llava_onevision": 48, "mistral3": 48, "llava_next": 80, "idefics3": 90, "smolvlm": 90}
 COST = CostModel(ModelSpec(hidden=16, layers=1, heads=2, precision="fp32", attention="eager"))
@@ -184,7 +180,7 @@ class Tiny:
     def __init__(self, name: str) -> None:
         self.config, processor, preprocessor = BUILD[name]()
         self.hf = HFConfig(f"<tiny {name}>", self.config.to_dict(), preprocessor)
-        meta, spec = metadata(LONE if name == "llava_onevision" else SAMPLES), token_spec_from_hf(self.hf)
+        meta, spec = metadata(SAMPLES), token_spec_from_hf(self.hf)
         self.pack = PACK[name]
         plan = plan_buckets(breakdown_table(meta, spec).totals, COST, 2**19, mode="packed", pack_length=self.pack)
         self.data = TokenBucketDataset(ProcessedItems(meta, self.hf, processor), metadata=meta, spec=spec, plan=plan)
@@ -302,7 +298,7 @@ def test_packed_layout_row_in_another_layout_computes_something_else(anyone: Tin
 
 
 def test_packed_sized_row_lays_the_processors_batch_layout(tiny: Tiny) -> None:
-    picked = [0, 2, 1]  # 1 image, none, 2 images (OneVision: 1) of another size
+    picked = [0, 2, 1]  # 1 image, none, 2 images of another size (OneVision: untiled)
     items = [tiny.data[i][1] for i in picked]
     batch = PackedTowerCollate(tiny.data, tiny.pack, 2, config=tiny.config, cost_model=COST)(
         [tiny.data[i] for i in picked]
@@ -356,12 +352,14 @@ def test_packed_sized_items_that_disagree_are_one_line_config_errors(tiny: Tiny)
         with pytest.raises(ConfigError, match=rf"^sample 1 \(key 'v1'\): {message}") as caught:
             collate([(i, bad)])
         assert "\n" not in str(caught.value)
-    if layout.tiles:  # an image whose grid needs more tiles than its pixels hold
-        one_tile = {**item, "pixel_values": item["pixel_values"][:, :1]}
+    if layout.tiles:  # an image whose grid needs more tiles than its pixels hold (sample 0's lone image, tiled)
+        j, lone = tiny.data[0]
+        one_tile = {**lone, "pixel_values": lone["pixel_values"][:, :1]}
         with pytest.raises(
-            ConfigError, match=r"image 0 of \d+x\d+ makes [2-9] tiles, but its 'pixel_values' hold 1 an"
+            ConfigError,
+            match=r"^sample 0 \(key 'v0'\): .*image 0 of \d+x\d+ makes [2-9] tiles, but its 'pixel_values' hold 1 an",
         ):
-            collate([(i, one_tile)])
+            collate([(j, one_tile)])
     else:  # a size off the patch x merge grid
         off = {**item, "image_sizes": item["image_sizes"] - 1}
         with pytest.raises(ConfigError, match=r"should fit its 'pixel_values' of \d+x\d+ with sides multiples of 28"):
@@ -418,8 +416,7 @@ def test_packed_layout_through_the_packed_sampler_keeps_its_rows_and_caps(anyone
     # staged cost model's, so the two-cap sampler's rows pass the collate's caps as they are
     tiny = anyone
     rng = np.random.default_rng(0)
-    most = 1 if tiny.config.model_type == "llava_onevision" else 2  # LONE says why
-    rows = [(int(rng.integers(0, most + 1)), int(rng.choice((30, 44, 70))), int(rng.choice((30, 50, 84))),
+    rows = [(int(rng.integers(0, 3)), int(rng.choice((30, 44, 70))), int(rng.choice((30, 50, 84))),
              int(rng.integers(5, 20))) for _ in range(24)]  # fmt: skip
     meta = metadata(rows)
     cost = StagedPackedModel(StagedLengthModel(StagedCostModel(staged_from_config(tiny.hf), config=tiny.hf)))

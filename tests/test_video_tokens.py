@@ -31,7 +31,7 @@ from tokenbucket._exceptions import ConfigError
 from tokenbucket.models import VisionInputs
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.tokens.breakdown import breakdown_sample, breakdown_table
-from tokenbucket.tokens.hf import image_tokens, token_spec_from_hf
+from tokenbucket.tokens.hf import token_spec_from_hf, vision_inputs
 
 pytest.importorskip("transformers")
 
@@ -333,15 +333,23 @@ def test_video_tokens_breakdown_sums_the_processor_counts_of_each_camera() -> No
     for name, (cfg, *_) in BREAKDOWN_CONFIGS.items():
         clip = {c: _clip_tokens(next(results)) for c in clips}
 
-        def image(h: int, w: int, cfg: HFConfig = cfg) -> int:
-            return image_tokens(cfg, h, w)
+        def image(h: int, w: int, images: int, cfg: HFConfig = cfg) -> int:
+            # one of the sample's images (NOTE [ Images of a sample ]: OneVision tiles a lone one only)
+            return vision_inputs(cfg, h, w, images).llm_tokens
 
-        # feed="video" (the default), stills=("wrist",), feed="images": each camera as the processors count it
+        # feed="video" (the default), stills=("wrist",), feed="images": each camera as the processors
+        # count it; its images: every frame of a camera not fed as a clip (a clip is a video)
+        stills = {
+            "video": [sum(f for _, f, *_ in row if f == 1) for row in ROWS],
+            "stills": [sum(f for n, f, *_ in row if f == 1 or n == "wrist") for row in ROWS],
+            "images": [sum(f for _, f, *_ in row) for row in ROWS],
+        }
         expected = {
-            "video": [sum(clip[(f, h, w)] if f > 1 else image(h, w) for _, f, h, w in row) for row in ROWS],
-            "stills": [sum(clip[(f, h, w)] if f > 1 and n != "wrist" else f * image(h, w) for n, f, h, w in row)
-                       for row in ROWS],
-            "images": [sum(f * image(h, w) for _, f, h, w in row) for row in ROWS],
+            "video": [sum(clip[(f, h, w)] if f > 1 else image(h, w, k) for _, f, h, w in row)
+                      for row, k in zip(ROWS, stills["video"], strict=True)],
+            "stills": [sum(clip[(f, h, w)] if f > 1 and n != "wrist" else f * image(h, w, k) for n, f, h, w in row)
+                       for row, k in zip(ROWS, stills["stills"], strict=True)],
+            "images": [sum(f * image(h, w, k) for _, f, h, w in row) for row, k in zip(ROWS, stills["images"], strict=True)],
         }  # fmt: skip
         specs = {"video": token_spec_from_hf(cfg), "stills": token_spec_from_hf(cfg, stills=("wrist",)),
                  "images": token_spec_from_hf(cfg, feed="images")}  # fmt: skip

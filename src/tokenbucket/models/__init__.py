@@ -24,7 +24,17 @@ from tokenbucket.models._base import Family, VisionInputs, check_frames, check_i
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models._registry import MODULES
 
-__all__ = ["MODULES", "SUPPORTED_MODEL_TYPES", "Family", "VisionInputs", "clip_inputs", "family", "of", "rule_inputs"]
+__all__ = [
+    "MODULES",
+    "SUPPORTED_MODEL_TYPES",
+    "Family",
+    "VisionInputs",
+    "clip_inputs",
+    "counts_images",
+    "family",
+    "of",
+    "rule_inputs",
+]
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(MODULES))
 
@@ -47,15 +57,25 @@ def of(cfg: HFConfig) -> Family:
     return family(cfg.model_type)
 
 
-def rule_inputs(rule: str, height: int, width: int) -> VisionInputs:
+def rule_inputs(rule: str, height: int, width: int, images: int = 1) -> VisionInputs:
     """One ``height x width`` image under a :class:`TokenSpec`'s ``image_rule`` (the JSON string
-    :meth:`Family.token_spec` writes: the family's name and its rule's parameters)."""
+    :meth:`Family.token_spec` writes: the family's name and its rule's parameters), one of the
+    ``images`` images of its sample (:meth:`Family.sample_rule_inputs`; read only by a family
+    that :func:`counts_images`)."""
     check_image_size(height, width)
+    if isinstance(images, bool) or not isinstance(images, int) or images < 1:
+        raise ConfigError(f"images should be a positive integer, but got images={images!r}")
     fam, params = _rule(rule)
     try:
-        return fam.rule_inputs(params, height, width)
+        return fam.sample_rule_inputs(params, height, width, images)
     except (KeyError, TypeError) as exc:  # a hand-written rule without the family's parameters
         raise ConfigError(f"image_rule is not a {fam.name} rule ({exc!r} missing or wrong): {rule!r:.120}") from None
+
+
+def counts_images(rule: str) -> bool:
+    """Whether an image's tokens under ``rule`` depend on how many images its sample holds
+    (:attr:`Family.counts_images`: LLaVA-OneVision's)."""
+    return _rule(rule)[0].counts_images
 
 
 def clip_inputs(rule: str, frames: int, height: int, width: int, fps: float | None = None) -> VisionInputs:

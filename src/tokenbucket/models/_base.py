@@ -189,6 +189,9 @@ class Family:
             :meth:`packed_attention`; NOTE [ Families a packed row refuses ]).
         sized_pixels: its processor writes ``image_sizes`` beside ``pixel_values``, and a packed
             row lays them by :meth:`sized_layout` and :meth:`sized_image` (``False``: by :meth:`tower_image`).
+        counts_images: an image's tokens depend on how many images its sample holds, and
+            :meth:`sample_rule_inputs` says how (LLaVA-OneVision tiles a lone image only; NOTE
+            [ Images of a sample ] in :mod:`tokenbucket.tokens._vision`).
     """
 
     name: ClassVar[str] = ""
@@ -205,6 +208,7 @@ class Family:
     video_processor: ClassVar[str | None] = None
     unpacked_reason: ClassVar[str | None] = "its processor lays pixels another way than one fixed square an image"
     sized_pixels: ClassVar[bool] = False
+    counts_images: ClassVar[bool] = False
 
     @property
     def has_vision(self) -> bool:
@@ -255,7 +259,8 @@ class Family:
 
     def sample_rule_inputs(self, rule: Mapping[str, Any], height: int, width: int, images: int) -> VisionInputs:
         """One of ``images`` images of a sample (LLaVA-OneVision tiles a lone image only);
-        :meth:`rule_inputs` unless a family's processor looks at the sample's image count."""
+        :meth:`rule_inputs` unless a family's processor looks at the sample's image count (then
+        it sets :attr:`counts_images`)."""
         return self.rule_inputs(rule, height, width)
 
     def vision_inputs(self, cfg: HFConfig, height: int, width: int, images: int = 1) -> VisionInputs:

@@ -11,6 +11,8 @@ A sample of several images is not tiled: each image is padded to a square and be
 plus one newline (730 tokens at 384 px). Under ``vision_feature_select_strategy="default"`` the
 processor writes one token less per image. The rule is ``LlavaOnevisionProcessor``'s and
 ``LlavaOnevisionModel.pack_image_features``' (tests/test_family_llava_onevision.py checks both).
+A sample's images are those its processor gets as images, not its clips; the breakdown of a
+metadata row counts them as NOTE [ Images of a sample ] says (``counts_images``).
 
 NOTE [ LLaVA-OneVision video clips ]
 A clip reaches the model through LlavaOnevisionVideoProcessor (its keys: ``video_keys``): with
@@ -125,6 +127,7 @@ class LlavaOnevision(Family):
     name = "llava_onevision"
     unpacked_reason = None  # its images; a packed row holds no video clips (NOTE [ Packed sized-image rows ])
     sized_pixels = True
+    counts_images = True  # a lone image is tiled, each of several is one crop (NOTE [ LLaVA-OneVision image tokens ])
     model_types = ("llava_onevision",)
     hf_classes = {"llava_onevision": "LlavaOnevisionForConditionalGeneration"}
     vision_attr = "vision_tower"

@@ -2,6 +2,20 @@
 (twice: Python ints for the scalar path, NumPy arrays for the vectorised one) and the vectorised
 pass over flat and per-camera (list-of-struct) columns. :mod:`tokenbucket.tokens.breakdown`
 runs both paths; the shared reasons and check order live here so both report alike.
+
+NOTE [ Images of a sample ]
+A family whose image tokens depend on how many images the sample holds
+(:attr:`~tokenbucket.models.Family.counts_images`: LLaVA-OneVision tiles a lone image, and makes
+each of several one crop and its newline) prices each image of a row under ``resize="model"``
+with :meth:`~tokenbucket.models.Family.sample_rule_inputs` at the row's image count: the frames
+of every camera fed as images (a camera of one frame, or each frame of a camera under
+``feed="images"``: ``stills``), empty camera slots included; a camera fed as a clip
+(``feed="video"``, two frames or more) is a video, which the processor does not count. That is
+the count :class:`~tokenbucket.cost.staged.Sample` hands the staged cost model (``images``, or
+``videos x frames`` where the frames are images), so both stages price a sample alike. The
+scalar path sums :func:`~tokenbucket.tokens.spec._fed_images` over the row's cameras; the
+vectorised one sums :func:`_fed_images_np` per row and runs the rule once per distinct
+``(height, width, images)``. Every other family is priced once per distinct ``(height, width)``.
 """
 
 from __future__ import annotations
@@ -21,7 +35,7 @@ from tokenbucket._exceptions import (
     InvalidValueError,
     MissingColumnError,
 )
-from tokenbucket.models import clip_inputs, rule_inputs
+from tokenbucket.models import clip_inputs, counts_images, rule_inputs
 from tokenbucket.tokens.spec import CameraSpec, TokenSpec, _ceil_div
 
 R_DUPLICATE = "should be unique"
@@ -59,12 +73,13 @@ def _ceil_div_np(a: np.ndarray, b: int) -> np.ndarray:
 
 
 def _spatial_np(
-    cs: CameraSpec, h: np.ndarray, w: np.ndarray
+    cs: CameraSpec, h: np.ndarray, w: np.ndarray, images: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Vectorised :func:`_spatial_py`: ``(tokens, height_too_small, width_too_small)``."""
+    """Vectorised :func:`_spatial_py`: ``(tokens, height_too_small, width_too_small)``;
+    ``images``: each camera's sample's image count (NOTE [ Images of a sample ])."""
     p, m = cs.patch, cs.merge
     if cs.resize == "model":  # a family's own rule: once per distinct size, then spread back
-        return _model_np(str(cs.image_rule), h, w), None, None
+        return _model_np(str(cs.image_rule), h, w, images), None, None
     if cs.resize == "crop":
         gh, gw = (h // p) // m, (w // p) // m
         small_h = gh == 0
@@ -98,15 +113,19 @@ def _spatial_np(
     return _ceil_div_np(_ceil_div_np(h, p), m) * _ceil_div_np(_ceil_div_np(w, p), m), None, None
 
 
-def _model_np(rule: str, h: np.ndarray, w: np.ndarray) -> np.ndarray:
+def _model_np(rule: str, h: np.ndarray, w: np.ndarray, images: np.ndarray) -> np.ndarray:
     """LLM tokens per image under a family's rule: the per-image rule of :func:`_spatial_py`, run
-    once per distinct ``(h, w)`` (a metadata table holds few sizes) and spread back to every row;
-    rows whose sides are not positive (reported by the value checks) get 0."""
+    once per distinct ``(h, w)`` (a metadata table holds few sizes), or ``(h, w, images)`` for a
+    family that counts its sample's images (NOTE [ Images of a sample ]), and spread back to every
+    row; rows whose sides are not positive (reported by the value checks) get 0."""
     if not len(h):
         return np.zeros(0, dtype=np.int64)
-    pairs, where = np.unique(np.stack([h, w], axis=1), axis=0, return_inverse=True)
+    # a row of clips alone holds no image: its clips' tokens here are replaced by the video rule's
+    n = np.maximum(images, 1) if counts_images(rule) else np.ones(len(h), dtype=np.int64)
+    keys, where = np.unique(np.stack([h, w, n], axis=1), axis=0, return_inverse=True)
     per = np.array(
-        [rule_inputs(rule, int(a), int(b)).llm_tokens if a >= 1 and b >= 1 else 0 for a, b in pairs], dtype=np.int64
+        [rule_inputs(rule, int(a), int(b), int(k)).llm_tokens if a >= 1 and b >= 1 else 0 for a, b, k in keys],
+        dtype=np.int64,
     )
     return per[where.reshape(-1)]
 
@@ -137,15 +156,22 @@ def _temporal_np(cs: CameraSpec, frames: np.ndarray) -> np.ndarray:
     return _ceil_div_np(frames, cs.tubelet)
 
 
+def _fed_images_np(cs: CameraSpec, f: np.ndarray) -> np.ndarray:
+    """Vectorised :func:`~tokenbucket.tokens.spec._fed_images`: the images each camera feeds the
+    model, none for a clip (NOTE [ Images of a sample ])."""
+    return np.where(f > 1, 0, f) if cs.feed == "video" else f
+
+
 def _camera_np(
-    cs: CameraSpec, f: np.ndarray, h: np.ndarray, w: np.ndarray
+    cs: CameraSpec, f: np.ndarray, h: np.ndarray, w: np.ndarray, images: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """``(tokens, temporal, spatial, height_too_small, width_too_small)`` for each camera."""
+    """``(tokens, temporal, spatial, height_too_small, width_too_small)`` for each camera;
+    ``images``: how many images its sample feeds the model (NOTE [ Images of a sample ])."""
     if cs.tokens_per_frame is not None:
         spatial: np.ndarray = np.full(len(f), cs.tokens_per_frame, dtype=np.int64)
         small_h = small_w = None
     else:
-        spatial, small_h, small_w = _spatial_np(cs, h, w)
+        spatial, small_h, small_w = _spatial_np(cs, h, w, images)
     temporal = _temporal_np(cs, f)
     once = None  # what a clip adds once (LLaVA-OneVision's newline)
     if cs.feed == "video":  # clips of two frames or more: the family's video rule (NOTE [ Frames are images ])
@@ -196,7 +222,8 @@ def _vision_flat(
 
     if not positions and not per_camera:
         # Fast path: every camera of a row has the same shape and the same spec.
-        tokens, _, _, small_h, small_w = _camera_np(spec.base_camera(), f, h, w)
+        base = spec.base_camera()
+        tokens, _, _, small_h, small_w = _camera_np(base, f, h, w, slots * _fed_images_np(base, f))
         _report_small(problems, spec, small_h, small_w, slots > 0, None, h, w, np.zeros(len(f), np.int64))
         return slots * tokens, None
 
@@ -206,7 +233,7 @@ def _vision_flat(
     starts = np.concatenate([[0], np.cumsum(slots)[:-1]]) if n else np.zeros(0, np.int64)
     pos = np.arange(len(parent)) - np.repeat(starts, slots)
     ef, eh, ew = f[parent], h[parent], w[parent]
-    tokens = _element_tokens(spec, positions, pos, None, ef, eh, ew, problems, parent, None)
+    tokens = _element_tokens(spec, positions, pos, None, ef, eh, ew, problems, parent, None, n)
     vision = _sum_by_row(parent, tokens, n)
     lists = (
         pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(slots)]).astype(np.int32)), pa.array(tokens))
@@ -253,15 +280,14 @@ def _element_tokens(
     problems: A.Problems,
     parent: np.ndarray,
     labels: Callable[[int, str], str] | None,
+    rows: int,
 ) -> np.ndarray:
     """Tokens of each camera element, each with the spec its name (or position) selects.
 
     ``pos`` is each element's slot position (it orders the checks); ``labels`` names an
-    element's column in messages.
+    element's column in messages; ``parent`` is each element's row of ``rows``.
     """
-    tokens, _, _, small_h, small_w = _camera_np(spec.base_camera(), f, h, w)
-    small_h = np.zeros(len(f), dtype=bool) if small_h is None else small_h
-    small_w = np.zeros(len(f), dtype=bool) if small_w is None else small_w
+    base = spec.base_camera()
     groups: list[tuple[CameraSpec, np.ndarray]] = []
     if names is not None:
         encoded = pc.dictionary_encode(names)
@@ -271,9 +297,16 @@ def _element_tokens(
                 groups.append((spec.camera_spec(name), codes == code))
     else:
         groups = [(cs, pos == j) for j, cs in positions.items()]
-    for cs, mask in groups:
-        sub = np.flatnonzero(mask)
-        tokens[sub], _, _, sh, sw = _camera_np(cs, f[sub], h[sub], w[sub])
+    subs = [(cs, np.flatnonzero(mask)) for cs, mask in groups]
+    fed = _fed_images_np(base, f).copy()  # NOTE [ Images of a sample ]: each row's, then each element's
+    for cs, sub in subs:
+        fed[sub] = _fed_images_np(cs, f[sub])
+    images = _sum_by_row(parent, fed, rows)[parent]
+    tokens, _, _, small_h, small_w = _camera_np(base, f, h, w, images)
+    small_h = np.zeros(len(f), dtype=bool) if small_h is None else small_h
+    small_w = np.zeros(len(f), dtype=bool) if small_w is None else small_w
+    for cs, sub in subs:
+        tokens[sub], _, _, sh, sw = _camera_np(cs, f[sub], h[sub], w[sub], images[sub])
         small_h[sub] = False if sh is None else sh
         small_w[sub] = False if sw is None else sw
     _report_small(problems, spec, small_h, small_w, np.ones(len(f), dtype=bool), labels, h, w, pos, parent)
@@ -349,7 +382,7 @@ def _vision_list(
     def small_labels(k: int, fld: str) -> str:
         return f"{cols.cameras}[{int(source_pos[k])}].{fld}"
 
-    tokens = _element_tokens(spec, {}, pos, names, f, h, w, problems, parent, small_labels)
+    tokens = _element_tokens(spec, {}, pos, names, f, h, w, problems, parent, small_labels, n)
     vision = _sum_by_row(parent, tokens, n)
     real = int(counts.sum())  # elements before the appended empty slots
     max_frames = np.zeros(n, dtype=np.int64)

@@ -51,7 +51,7 @@ from tokenbucket.tokens._vision import (
     _vision_flat,
     _vision_list,
 )
-from tokenbucket.tokens.spec import MODALITIES, TokenSpec, _camera_py
+from tokenbucket.tokens.spec import MODALITIES, TokenSpec, _camera_py, _fed_images
 
 __all__ = [
     "R_DUPLICATE",
@@ -200,9 +200,12 @@ def breakdown_sample(sample: Mapping[str, Any], spec: TokenSpec, *, index: int |
     for name in spec.empty_slot_names({s[0] for s in shapes}, n_cams, n_slots - n_cams):
         shapes.append((name, *slot_shape, True))
 
+    specs = [spec.camera_spec(name) for name, *_ in shapes]
+    # the images the sample feeds the model, which a family's rule may read (NOTE [ Images of a sample ])
+    images = sum(_fed_images(cs, f) for cs, (_, f, *_) in zip(specs, shapes, strict=True))
     cameras = []
-    for j, (name, f, h, w, empty) in enumerate(shapes):
-        temporal, spatial, tokens, small = _camera_py(spec.camera_spec(name), f, h, w)
+    for j, ((name, f, h, w, empty), cs) in enumerate(zip(shapes, specs, strict=True)):
+        temporal, spatial, tokens, small = _camera_py(cs, f, h, w, images)
         if small is not None:
             is_list = isinstance(cams_value, (list, tuple))
             src = 0 if empty else j

@@ -107,7 +107,8 @@ def token_spec_from_hf(
 #   aspect ratio, with one newline token per row.
 # - Idefics3 / SmolVLM: tiles plus a global tile (NOTE [ Idefics3 tiles ]).
 # - LLaVA-OneVision: LLaVA-NeXT's grids, scaled down past anyres_max_N; a sample of several
-#   images is not tiled (NOTE [ LLaVA-OneVision image tokens ]); its spec carries its rule too.
+#   images is not tiled (NOTE [ LLaVA-OneVision image tokens ]); its spec carries its rule too,
+#   which the breakdown runs at each row's image count (NOTE [ Images of a sample ]).
 # The last two depend on the aspect ratio in ways no native TokenSpec rule expresses: their
 # specs carry the family's rule itself (resize="model").
 

@@ -193,8 +193,9 @@ def _smart_resize(cs: CameraSpec, h: int, w: int) -> tuple[int, int]:
     return smart_resize(h, w, cs.patch * cs.merge, cs.min_pixels, cs.max_pixels)
 
 
-def _spatial_py(cs: CameraSpec, h: int, w: int) -> tuple[int, str | None]:
-    """Spatial tokens per frame; or ``(0, "height"|"width")`` when too small under crop."""
+def _spatial_py(cs: CameraSpec, h: int, w: int, images: int) -> tuple[int, str | None]:
+    """Spatial tokens per frame; or ``(0, "height"|"width")`` when too small under crop.
+    ``images``: the images of the camera's sample (NOTE [ Images of a sample ])."""
     p, m = cs.patch, cs.merge
     if cs.resize == "crop":
         gh, gw = (h // p) // m, (w // p) // m
@@ -204,7 +205,7 @@ def _spatial_py(cs: CameraSpec, h: int, w: int) -> tuple[int, str | None]:
             return 0, "width"
         return gh * gw, None
     if cs.resize == "model":
-        return rule_inputs(str(cs.image_rule), h, w).llm_tokens, None
+        return rule_inputs(str(cs.image_rule), h, w, images).llm_tokens, None
     if cs.resize == "max_pixels":
         factor = p * m
         hb, wb = _smart_resize(cs, h, w)
@@ -224,19 +225,26 @@ def _temporal_py(cs: CameraSpec, frames: int) -> int:
     return _ceil_div(frames, cs.tubelet)
 
 
-def _camera_py(cs: CameraSpec, frames: int, h: int, w: int) -> tuple[int, int, int, str | None]:
+def _fed_images(cs: CameraSpec, frames: int) -> int:
+    """The images a camera of ``frames`` frames feeds the model: none for a clip (``feed="video"``,
+    two frames or more), else one a frame (NOTE [ Images of a sample ])."""
+    return 0 if cs.feed == "video" and frames > 1 else frames
+
+
+def _camera_py(cs: CameraSpec, frames: int, h: int, w: int, images: int) -> tuple[int, int, int, str | None]:
     """One camera's ``(temporal, spatial, tokens, too_small)``; ``too_small`` names the side
     ("height"/"width") a crop leaves no patch of, and the counts are then 0. A clip
     (``feed="video"``, two frames or more) has ``temporal`` groups of ``spatial`` tokens, plus
-    what the clip adds once (LLaVA-OneVision's newline): its tokens are the clip's ``llm_tokens``."""
-    if cs.feed == "video" and frames > 1:
+    what the clip adds once (LLaVA-OneVision's newline): its tokens are the clip's ``llm_tokens``.
+    ``images``: how many images the camera's sample feeds the model (NOTE [ Images of a sample ])."""
+    if _fed_images(cs, frames) == 0:
         clip = clip_inputs(str(cs.video_rule), frames, h, w)
         temporal, spatial = clip.tower_images, clip.llm_tokens // clip.tower_images
         return temporal, spatial, clip.llm_tokens + temporal * cs.special_per_frame + cs.special_per_camera, None
     if cs.tokens_per_frame is not None:
         spatial, small = cs.tokens_per_frame, None
     else:
-        spatial, small = _spatial_py(cs, h, w)
+        spatial, small = _spatial_py(cs, h, w, images)
         if small is not None:
             return 0, 0, 0, small
     temporal = _temporal_py(cs, frames)
