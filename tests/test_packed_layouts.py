@@ -293,7 +293,9 @@ def test_packed_layout_row_in_another_layout_computes_something_else(anyone: Tin
     assert max(worst) > 1e-2, worst
     if "batch_num_images" in batch:  # OneVision's count per row, not per sample: a lone image untiled
         per_row = torch.bincount(batch["image_rows"], minlength=len(batch["index"]))
-        with pytest.raises(ValueError, match="Image features and image tokens do not match"):
+        # transformers' own check (ValueError), or, where that check is off (TRANSFORMERS_DISABLE_TORCH_CHECK,
+        # or a process that traced before), the scatter of too few features into the placeholders
+        with pytest.raises((ValueError, RuntimeError), match=r"image tokens do not match|source < number of ones"):
             run(tiny, batch, batch_num_images=per_row)
 
 
