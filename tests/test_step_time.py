@@ -188,6 +188,7 @@ def test_calibration_without_small_steps_keeps_the_runs_knee() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # it times real CPU steps: beside the parallel pass its wall times are the other worker's noise
 def test_calibration_of_the_demo_run_beats_step_time_proportional_to_flops(tmp_path: Path) -> None:
     from tokenbucket.cli.demo import train_under_monitor
 

@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
             print_packed(packed, summary)
         else:
             _print_plan(manifest.plan, summary)
-            if dynamic_2d_line(manifest.plan):
-                print(dynamic_2d_line(manifest.plan))
+            if line := dynamic_2d_line(manifest.plan):
+                print(line)
         totals = manifest.table.column("total").drop_null().to_numpy()
         if len(totals):
             print("\nL_total histogram (log2 bins):")

@@ -526,8 +526,8 @@ def run(args: argparse.Namespace) -> int:
         _print_plan(manifest.plan, summary)
         if staged:
             _print_staged(meta["model"], two_d=manifest.plan.two_d)
-        if dynamic_2d_line(manifest.plan):
-            print(dynamic_2d_line(manifest.plan))
+        if line := dynamic_2d_line(manifest.plan):
+            print(line)
         if args.profile is not None:
             low, high = meta["profile"]["lengths"]
             print(

@@ -40,7 +40,7 @@ from tokenbucket.plan.buckets_2d import DYNAMIC_2D_KEY, SupportsCost2D
 from tokenbucket.plan.manifest import Manifest
 from tokenbucket.plan.packed_manifest import is_two_cap
 
-__all__ = ["DynamicManifest2D", "dynamic_plan_of", "is_dynamic_2d", "rebuilt_cost_model"]
+__all__ = ["DynamicManifest2D", "dynamic_plan_of", "is_dynamic_2d", "rebuilt_cost_model", "recorded_cut"]
 
 # plan_buckets_2d's defaults: a 2D dynamic plan handed to build_manifest without its record
 _DEFAULT_POOL_BATCHES, _DEFAULT_SEED = 64, 0
@@ -91,15 +91,24 @@ def dynamic_plan_of(manifest: Manifest, *, cost_model: SupportsCost2D | None = N
             f"{where} holds {kind}, not a 2D dynamic plan: read it with {reader}, or plan it with "
             f"`tokenbucket plan ... --hf-config DIR --buckets 2d --mode dynamic`"
         )
+    cost_model, pool_batches, seed = recorded_cut(where, plan, cost_model)
+    t = manifest.table
+    lengths = t.column("total").fill_null(0).to_numpy()
+    vision = t.column("vision").fill_null(0).to_numpy()
+    return DynamicManifest2D(lengths, vision, cost_model, plan.budget_bytes, pool_batches, seed)
+
+
+def recorded_cut(
+    where: str, plan: BucketPlan, cost_model: SupportsCost2D | None = None
+) -> tuple[SupportsCost2D, int, int]:
+    """A 2D dynamic plan's cut as it records it: ``(cost model, pool_batches, seed)``, the model
+    rebuilt by :func:`rebuilt_cost_model` unless ``cost_model`` is given (then taken as it is)."""
     record: dict[str, Any] = dict(plan.meta.get(DYNAMIC_2D_KEY) or {})
     pool_batches = int(record.get("pool_batches", _DEFAULT_POOL_BATCHES))
     seed = int(record.get("seed", _DEFAULT_SEED))
     if cost_model is None:
         cost_model = rebuilt_cost_model(where, plan, record.get("cost_model"))
-    t = manifest.table
-    lengths = t.column("total").fill_null(0).to_numpy()
-    vision = t.column("vision").fill_null(0).to_numpy()
-    return DynamicManifest2D(lengths, vision, cost_model, plan.budget_bytes, pool_batches, seed)
+    return cost_model, pool_batches, seed
 
 
 def rebuilt_cost_model(where: str, plan: BucketPlan, record: object) -> StagedLengthModel:

@@ -37,7 +37,7 @@ from tokenbucket._exceptions import ConfigError, MissingColumnError
 from tokenbucket.plan._search import PredictsMemory
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.plan.buckets_2d import DYNAMIC_2D_KEY
-from tokenbucket.plan.dynamic_manifest import rebuilt_cost_model
+from tokenbucket.plan.dynamic_manifest import recorded_cut
 from tokenbucket.plan.manifest import Manifest
 from tokenbucket.tokens.breakdown import TokenBreakdown, breakdown_sample, breakdown_table
 from tokenbucket.tokens.metadata import table_from_rows
@@ -311,10 +311,10 @@ class TokenBucketDataset(Dataset[Any]):
                 "to cut them with: pass dynamic=DynamicFill2D(lengths, vision, cost, budget, pool_batches) "
                 "(tokenbucket.train.sampler)"
             )
-        cost = rebuilt_cost_model("the dataset's plan", self.plan, record["cost_model"])
+        cost, pools, recorded_seed = recorded_cut("the dataset's plan", self.plan)
         vision = self.breakdowns.column("vision").to_numpy()
-        fill = DynamicFill2D(self.lengths, vision, cost, self.plan.budget_bytes, int(record["pool_batches"]))
-        return fill, int(record["seed"]) if seed is None else seed
+        fill = DynamicFill2D(self.lengths, vision, cost, self.plan.budget_bytes, pools)
+        return fill, recorded_seed if seed is None else seed
 
 
 def _arrow_source(obj: object) -> tuple[pa.Table, pa.ChunkedArray | None] | None:

@@ -414,14 +414,10 @@ class PackedTowerCollate:
 
     def _pixels(self, out: Batch, samples: list[_Sample], fit: list[list[int]]) -> None:
         """Every image of every row, in row order, with its row and segment."""
-        pixels, rows, segments = [], [], []
-        for r, row in enumerate(fit):
-            for seg, s in enumerate(row, start=1):
-                mine = samples[s].pixels
-                if mine is not None and mine.shape[0]:
-                    pixels.append(mine)
-                    rows += [r] * mine.shape[0]
-                    segments += [seg] * mine.shape[0]
+        counts = [0 if s.pixels is None else int(s.pixels.shape[0]) for s in samples]
+        pixels = [p for row in fit for s in row if counts[s] and (p := samples[s].pixels) is not None]
+        self._image_places(out, counts, fit)
+        rows = out["image_rows"].tolist()
         dtypes = {p.dtype for p in pixels}
         if len(dtypes) > 1:
             raise ConfigError(f"the batch's {self.keys.pixel_values!r} differ in dtype {sorted(map(str, dtypes))}")
@@ -430,8 +426,6 @@ class PackedTowerCollate:
             out[self.keys.pixel_values], out[PIXEL_MASK] = by_row(list(tiles), rows, out[self.keys.input_ids].shape[0])
         elif pixels:  # none: no key (a transformers tower refuses an empty batch of images)
             out[self.keys.pixel_values] = torch.cat(pixels)
-        out["image_rows"] = torch.tensor(rows, dtype=torch.long)
-        out["image_segment_ids"] = torch.tensor(segments, dtype=torch.int32)
 
 
 def _tower_of(
