@@ -11,6 +11,13 @@ process-group backends, memory trackers), which of them the fast tier reaches, a
 names the test files import from the oracle packages (what a subprocess runs, which the plugin
 cannot see). ``--compare OLD.json`` lists oracles in OLD that the new run lost.
 
+``--coverage COV.json`` (``coverage json`` of a run of the fast tier) lists every module under
+``src/`` none of whose functions ran: "every module exercised" means a line inside a function
+or method body ran, not just the import.
+
+    .venv/bin/python -m coverage run --source=src/tokenbucket -m pytest -q -m "not slow" -p no:randomly
+    .venv/bin/python -m coverage json -o /tmp/cov.json
+
 Reference (this machine, 2 cores): see the closing note of issue 52.
 """
 
@@ -82,11 +89,36 @@ def static_names() -> set[str]:
     return names
 
 
+def unexercised(coverage_json: str) -> list[str]:
+    """Modules under src/ with functions, none of whose bodies ran in the covered run."""
+    with open(coverage_json) as f:
+        files = {
+            os.path.relpath(os.path.abspath(k), ROOT): set(v["executed_lines"])
+            for k, v in json.load(f)["files"].items()
+        }
+    idle = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "src", "**", "*.py"), recursive=True)):
+        rel = os.path.relpath(path, ROOT)
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        bodies = {
+            line
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for stmt in node.body
+            for line in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)
+        }
+        if bodies and not bodies & files.get(rel, set()):
+            idle.append(rel)
+    return idle
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("records", help="the path given as TOKENBUCKET_ORACLES")
     parser.add_argument("--compare", help="an older census JSON (--json of a former run): oracles it had that are gone")
     parser.add_argument("--json", help="write the census here")
+    parser.add_argument("--coverage", help="coverage json of a fast-tier run: modules none of whose functions ran")
     args = parser.parse_args()
     records = load(args.records)
     fast, slow = tier_ids("not slow"), tier_ids("slow")
@@ -111,6 +143,9 @@ def main() -> None:
             old = json.load(f)
         lost = sorted(set(old["oracles"]) - everything) + sorted(set(old["static"]) - static)
         print(f"against {args.compare}: {old['tests']} tests, {len(old['oracles'])} oracles; lost: {lost or 'none'}")
+    if args.coverage:
+        idle = unexercised(args.coverage)
+        print(f"modules under src/ whose functions the covered run never entered: {idle or 'none'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(census, f, indent=1)

@@ -11,14 +11,13 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, Dataset
 
 pytest.importorskip("accelerate")
 
 from accelerate import Accelerator
 
-from tests._dist import free_port
+from tests._dist import free_port, spawn
 from tokenbucket import ConfigError
 from tokenbucket.train.accelerate import check_not_resharded, prepare_loader, tracker_sink
 from tokenbucket.train.batch import Batch
@@ -107,7 +106,7 @@ def _worker(rank: int, port: int, out: str, before: bool, ckpt: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("before", [False, True], ids=["loader-after", "loader-before"])
 def test_accelerate_gloo_two_ranks_every_sample_once_and_exact_resume(tmp_path: Path, before: bool) -> None:
-    mp.spawn(_worker, args=(free_port(), str(tmp_path), before, str(tmp_path / "ckpt")), nprocs=2, join=True)
+    spawn(_worker, args=(free_port(), str(tmp_path), before, str(tmp_path / "ckpt")), nprocs=2)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in ranks:
         assert "prepare_loader(accelerator, loader)" in r["caught"]

@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 pytest.importorskip("transformers")
 
 import transformers
 
-from tests._dist import end_process_group, free_port
+from tests._dist import end_process_group, free_port, spawn
 from tokenbucket import ConfigError, StateError
 from tokenbucket.monitor.hooks import BucketMonitor
 from tokenbucket.train.hf_trainer import STATE_FILE, BucketTrainer, monitor_file
@@ -77,7 +76,7 @@ def _worker(rank: int, port: int, out: str, stop: int | None, ckpt: str | None, 
 
 
 def _spawn(out: Path, tag: str, *, stop: int | None = None, ckpt: str | None = None) -> list[list[dict[str, Any]]]:
-    mp.spawn(_worker, args=(free_port(), str(out), stop, ckpt, tag), nprocs=2, join=True)
+    spawn(_worker, args=(free_port(), str(out), stop, ckpt, tag), nprocs=2)
     return [[json.loads(line) for line in (out / f"{tag}_{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
 
 

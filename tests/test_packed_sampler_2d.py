@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from torch.utils.data import DataLoader
 
-from tests._dist import free_port, gloo_group
+from tests._dist import free_port, gloo_group, spawn
 from tests.test_packed_vlm import SPEC, QwenItems
 from tokenbucket import ConfigError
 from tokenbucket._exceptions import StateError
@@ -302,10 +302,8 @@ def test_packed_sampler_2d_ddp_gloo_two_ranks_every_sample_once(tmp_path: object
     import json
     from pathlib import Path
 
-    import torch.multiprocessing as mp
-
     out = Path(str(tmp_path)) / "out.json"
-    mp.spawn(_gloo_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    spawn(_gloo_worker, args=(2, free_port(), str(out)), nprocs=2)
     ranks = json.loads(out.read_text())
     assert len(ranks[0]) == len(ranks[1]) == 7
     assert sorted(i for r in ranks for b, _ in r for i in b if i < N) == list(range(N))

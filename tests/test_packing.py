@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests._dist import free_port, gloo_group
+from tests._dist import free_port, gloo_group, spawn
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket.plan.buckets import OversizeError, plan_buckets
 from tokenbucket.testing import RandomTokens, mixture_a
@@ -319,10 +319,8 @@ def test_packed_sampler_ddp_gloo_equal_steps_every_sample_once(tmp_path: object,
     import json
     from pathlib import Path
 
-    import torch.multiprocessing as mp
-
     out = Path(str(tmp_path)) / "out.json"
-    mp.spawn(_packed_ddp_worker, args=(world, free_port(), str(out)), nprocs=world, join=True)
+    spawn(_packed_ddp_worker, args=(world, free_port(), str(out)), nprocs=world)
     ranks = json.loads(out.read_text())
     assert len({len(r) for r in ranks}) == 1
     n = 90

@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from tests._dist import free_port, gloo_group
+from tests._dist import free_port, gloo_group, spawn
 from tokenbucket import ConfigError, CostModel, ModelSpec, StateError
 from tokenbucket.cli.main import main
 from tokenbucket.monitor.hooks import BucketMonitor
@@ -108,7 +107,7 @@ def steps(path: Path) -> list[dict[str, Any]]:
 
 
 def run_ranks(tmp_path: Path, world: int) -> list[dict[str, Any]]:
-    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 

@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
-from tests._dist import free_port
+from tests._dist import free_port, spawn
 from tokenbucket import ConfigError, CostModel, ModelSpec, StateError, TokenSpec, breakdown_table, gpu_budget_bytes
 from tokenbucket.cost.hf_model import StagedModel
 from tokenbucket.cost.staged import StagedCostModel
@@ -122,7 +121,7 @@ def test_sampler_ddp_gloo_every_sample_once_and_equal_steps(
     tmp_path: Path, world: int, drop_last: bool, sync: bool, before: bool, dims: int
 ) -> None:
     out = tmp_path / "out.json"
-    mp.spawn(_ddp_worker, args=(world, free_port(), str(out), drop_last, sync, before, dims), nprocs=world, join=True)
+    spawn(_ddp_worker, args=(world, free_port(), str(out), drop_last, sync, before, dims), nprocs=world)
     ranks = json.loads(out.read_text())
     buckets, _ = mixture_buckets(dims=dims)
     n = len(buckets)
@@ -447,7 +446,7 @@ def _ddp_resume_worker(rank: int, world: int, port: int, out: str, dims: int, wo
 @pytest.mark.parametrize(("dims", "workers"), [(1, 0), (2, 0), (1, 2)])
 def test_sampler_ddp_gloo_mid_epoch_resume_is_exact_on_every_rank(tmp_path: Path, dims: int, workers: int) -> None:
     out = tmp_path / "out.json"
-    mp.spawn(_ddp_resume_worker, args=(2, free_port(), str(out), dims, workers), nprocs=2, join=True)
+    spawn(_ddp_resume_worker, args=(2, free_port(), str(out), dims, workers), nprocs=2)
     ranks = json.loads(out.read_text())
     for r in ranks:
         assert len(r["head"]) > len(r["full"]) // 2  # the stop fell inside epoch 1 (the second)

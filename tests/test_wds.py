@@ -17,11 +17,10 @@ import pyarrow as pa
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import webdataset as wds
 from torch.utils.data import DataLoader
 
-from tests._dist import free_port, gloo_group
+from tests._dist import free_port, gloo_group, spawn
 from tokenbucket import ConfigError, CostModel, ModelSpec, TokenSpec, breakdown_table
 from tokenbucket.plan.buckets import plan_buckets
 from tokenbucket.stream.bucketer import read_rejected
@@ -212,7 +211,7 @@ def test_wds_ddp_gloo_equal_steps_and_no_sample_on_two_ranks(tmp_path: Path, wor
     made = write_shards(tmp_path, n=420, shards=7, seed=5, bad=False)
     (tmp_path / "meta.json").write_text(json.dumps({"urls": made["urls"], "plan": made["plan"].to_json()}))
     out = tmp_path / "out.json"
-    mp.spawn(_ddp_worker, args=(world, free_port(), str(tmp_path), str(out)), nprocs=world, join=True)
+    spawn(_ddp_worker, args=(world, free_port(), str(tmp_path), str(out)), nprocs=world)
     ranks = json.loads(out.read_text())
     natural = stream_batch_counts(
         index_shards(made["urls"], SPEC).lengths, made["plan"], world_size=world, max_buffered=64
