@@ -221,6 +221,7 @@ def test_staged_length_model_round_trips_a_preset_and_a_config(tmp_path: Path, c
         StagedLengthModel.from_dict({"kind": "staged_length", "preset": "qwen2-vl-2b"})
 
 
+@pytest.mark.slow
 def test_cli_plan_2d_dynamic_end_to_end_with_the_manifest_alone(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], source: Path
 ) -> None:

@@ -65,6 +65,7 @@ def test_every_sample_in_one_bucket_or_rejected_and_each_fits_at_its_bounds(
         assert cost.memory(1, int(lengths[i]), int(vision[i])).total > BUDGET
 
 
+@pytest.mark.slow
 def test_2d_is_never_slower_than_1d_and_beats_the_share_priced_plan(
     staged: StagedCostModel, workload: tuple[np.ndarray, np.ndarray]
 ) -> None:

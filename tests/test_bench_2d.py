@@ -57,6 +57,7 @@ def test_samples_of_prices_every_row_as_the_breakdown_counts_it(
         assert cost.cost.sample_vision(still).llm_tokens != vision[i]
 
 
+@pytest.mark.slow
 def test_exact_over_prices_real_clips_and_counts_overrun_batches(
     table: pa.Table, workload: tuple[np.ndarray, np.ndarray]
 ) -> None:

@@ -798,7 +798,13 @@ def test_cli_fuzz_every_verb_of_the_parser_has_cases(seeds: Seeds) -> None:
         assert generic_cases(verb, seeds), verb
 
 
-@pytest.mark.parametrize("verb", VERB_NAMES)
+# the verbs whose cases build models, plan datasets or draw plots (2-10 s each) are fuzzed in the slow tier
+SLOW_VERBS = {"plan", "profile", "demo", "tokens", "report", "replan", "cost"}
+
+
+@pytest.mark.parametrize(
+    "verb", [pytest.param(v, marks=pytest.mark.slow) if v in SLOW_VERBS else v for v in VERB_NAMES]
+)
 def test_cli_fuzz_verb_ends_in_status_0_or_one_line_never_a_traceback_or_a_hang(
     verb: str, seeds: Seeds, in_scratch: Path, record_property: Callable[[str, object], None]
 ) -> None:

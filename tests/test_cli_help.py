@@ -95,6 +95,7 @@ def test_cli_version_is_the_distributions_version() -> None:
     assert version() == tokenbucket.__version__ == importlib.metadata.version("tokenbucket")
 
 
+@pytest.mark.slow
 def test_python_dash_m_tokenbucket_runs_the_cli_and_passes_exit_codes() -> None:
     ok = subprocess.run(
         [sys.executable, "-m", "tokenbucket", "--version"], capture_output=True, text=True, timeout=60, check=False

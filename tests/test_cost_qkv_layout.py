@@ -19,6 +19,7 @@ LAYERS = 3
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize(("hidden", "length", "batch"), [(256, 2048, 2), (512, 4096, 1)])
+@pytest.mark.slow
 def test_each_family_is_within_5_percent_with_its_layout(family: str, hidden: int, length: int, batch: int) -> None:
     _, own = errors(family, hidden, length, batch, LAYERS)
     assert -0.05 <= own <= 0.05, f"{family}: {own:+.1%} with qkv_layout={FAMILIES[family]!r}"

@@ -14,6 +14,7 @@ pytest.importorskip("accelerate")
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "accelerate_train.py"
 
 
+@pytest.mark.slow
 def test_example_accelerate_train_runs_and_checkpoints_the_sampler(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(EXAMPLE), str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -78,6 +78,7 @@ def test_examples_train_video_qwen2vl_runs_and_learns() -> None:
     assert distinct == n > 0 and total == 2 * n  # two epochs, every sample once in each
 
 
+@pytest.mark.slow
 def test_examples_train_packed_qwen2vl_holds_both_caps_and_learns() -> None:
     # transformers' Qwen2-VL on two-cap packed rows through PackedBatchSampler2D, a DataLoader and
     # PackedModalityCollate (NOTE [ Two-cap packing each epoch ]): not slow, a few seconds

@@ -107,6 +107,7 @@ def test_qwen2_vl_counts_equal_the_processor_over_the_grid() -> None:
     ("smolvlm", SMOLVLM_256M, {**SMOLVLM_PRE, "do_image_splitting": False},
      {"size": {"longest_edge": 2048}, "max_image_size": {"longest_edge": 512}, "do_image_splitting": False}),
 ])  # fmt: skip
+@pytest.mark.slow
 def test_idefics3_tiles_equal_the_processor_over_the_grid(
     model_type: str, config: dict[str, Any], pre: dict[str, Any], proc_kwargs: dict[str, Any]
 ) -> None:

@@ -102,6 +102,7 @@ SMALL = Sample(images=1, height=56, width=56, text_tokens=8)  # weights dominate
 
 
 @pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+@pytest.mark.slow
 def test_profile_hf_config_declaring_float32_builds_in_bf16_unless_asked(key: str) -> None:
     cfg = HFConfig("<tiny-fp32>", {**TINY_VL, key: "float32"})
     default = profile_hf(cfg, SMALL, steps=2)

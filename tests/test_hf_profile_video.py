@@ -65,6 +65,7 @@ def _err(cfg: HFConfig, sample: Sample, measured: int) -> float:
 
 
 @pytest.mark.parametrize("config", [TINY_VL, TINY_Q25, TINY_Q3], ids=lambda c: c["model_type"])
+@pytest.mark.slow
 def test_profile_hf_video_sample_runs_the_models_video_path_within_the_band(
     config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,6 +105,7 @@ def test_profile_hf_frozen_vision_video_is_within_the_band() -> None:
     assert ERROR_BAND[0] <= 100.0 * (est.peak_bytes - run.peak_bytes) / run.peak_bytes <= ERROR_BAND[1]
 
 
+@pytest.mark.slow
 def test_profile_hf_one_frame_clips_and_a_family_without_video_measure_frames_as_images() -> None:
     # NOTE [ Frames are images ]: as StagedCostModel.clips() prices them
     qwen = HFConfig("<tiny-qwen2_vl>", TINY_VL)
@@ -222,6 +224,7 @@ SMOL_VIDEO = {"max_image_size": {"longest_edge": 128}}  # every frame the tower'
 FRAMES = Sample(videos=2, frames=8, height=240, width=320, text_tokens=64, fps=2.0)
 
 
+@pytest.mark.slow
 def test_profile_hf_onevision_clips_run_get_video_features_within_the_band(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = HFConfig("<tiny-ov>", TINY_OV, {}, OV_VIDEO)
     seen: list[tuple[int, ...]] = []
@@ -245,6 +248,7 @@ def test_profile_hf_onevision_clips_run_get_video_features_within_the_band(monke
     assert seen == [(4, 8, 3, 112, 112)] * 4  # the video path, once a step
 
 
+@pytest.mark.slow
 def test_profile_hf_smolvlm_clips_are_unsplit_frames_within_the_band(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = HFConfig("<tiny-smolvlm>", TINY_SMOL, {}, SMOL_VIDEO)
     seen: list[tuple[int, ...]] = []

@@ -44,6 +44,7 @@ def tiny_vl(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_profile_hf_config_one_sample_beside_the_staged_estimate(
     capsys: pytest.CaptureFixture[str], tiny_vl: Path
 ) -> None:
@@ -75,6 +76,7 @@ def tiny_vl_fp32(tmp_path: Path) -> Path:
         (["--precision", "bf16"], "bf16", "built in bf16 as --precision asks; config.json declares torch_dtype=float32"),
     ],
 )  # fmt: skip
+@pytest.mark.slow
 def test_profile_hf_header_says_the_dtype_built_and_why(
     capsys: pytest.CaptureFixture[str], tiny_vl_fp32: Path, flags: list[str], dtype: str, why: str
 ) -> None:
@@ -93,6 +95,7 @@ def test_profile_hf_header_says_the_dtype_built_and_why(
     assert r["within_band"] == (dtype == "bf16")
 
 
+@pytest.mark.slow
 def test_profile_hf_outside_the_band_names_the_suspect_and_why(
     capsys: pytest.CaptureFixture[str], tiny_vl_fp32: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -90,6 +90,7 @@ def assert_same(local: Manifest, on_ray: Manifest, rows: int) -> None:
     load_manifest(on_ray.path)  # the hash verifies from disk
 
 
+@pytest.mark.slow
 def test_ray_engine_thousand_rows_with_rejects_matches_local(local_ray: None, tmp_path: Path) -> None:
     src = tmp_path / "meta.parquet"
     pq.write_table(metadata(1_000, seed=1, shuffle=True), src, row_group_size=170)
@@ -102,6 +103,7 @@ def test_ray_engine_thousand_rows_with_rejects_matches_local(local_ray: None, tm
     assert on_ray.summary() == local.summary()
 
 
+@pytest.mark.slow
 def test_ray_engine_directory_of_parts_in_and_out_matches_local(local_ray: None, tmp_path: Path) -> None:
     inputs = tmp_path / "inputs"
     inputs.mkdir()
@@ -121,6 +123,7 @@ def test_ray_engine_directory_of_parts_in_and_out_matches_local(local_ray: None,
     assert on_ray.table.column("index").to_pylist() == list(range(1_000))
 
 
+@pytest.mark.slow
 def test_ray_engine_given_plan_and_dynamic_mode_match_local(local_ray: None, tmp_path: Path) -> None:
     src = tmp_path / "meta.parquet"
     pq.write_table(metadata(2_000, seed=3, shuffle=True), src, row_group_size=500)
@@ -133,6 +136,7 @@ def test_ray_engine_given_plan_and_dynamic_mode_match_local(local_ray: None, tmp
     assert_same(local, on_ray, 2_000)
 
 
+@pytest.mark.slow
 def test_ray_engine_invalid_row_raises_the_local_error_and_changes_nothing(local_ray: None, tmp_path: Path) -> None:
     src = tmp_path / "meta.parquet"
     pq.write_table(metadata(1_000, seed=4), src, row_group_size=100)
@@ -154,6 +158,7 @@ def test_ray_engine_invalid_row_raises_the_local_error_and_changes_nothing(local
     assert snapshot(tmp_path) == before  # no manifest, no temporary, no scratch left
 
 
+@pytest.mark.slow
 def test_ray_engine_repeated_key_across_batches_raises_like_local(local_ray: None, tmp_path: Path) -> None:
     table = metadata(1_000, seed=5, invalid=False, shuffle=True)
     keys = table.column("key").to_pylist()
@@ -170,6 +175,7 @@ def test_ray_engine_repeated_key_across_batches_raises_like_local(local_ray: Non
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_ray_engine_replaces_an_old_manifest_in_place(local_ray: None, tmp_path: Path) -> None:
     src = tmp_path / "meta.parquet"
     pq.write_table(metadata(500, seed=6), src)
@@ -192,6 +198,7 @@ def test_ray_engine_million_rows_same_manifest_as_local(local_ray: None, tmp_pat
     assert on_ray.summary()["invalid"] == local.summary()["invalid"] == 5
 
 
+@pytest.mark.slow
 def test_cli_plan_engine_ray_writes_the_local_engines_manifest(
     local_ray: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -534,7 +534,9 @@ def test_readme_a_failing_block_fails() -> None:
     "block",
     [
         pytest.param(
-            b, id=b.name, marks=[pytest.mark.slow] * (b.name in SLOW) + [pytest.mark.serial] * (b.name in SERIAL)
+            b,
+            id=b.name,
+            marks=[pytest.mark.slow] * (b.name in SLOW | SERIAL) + [pytest.mark.serial] * (b.name in SERIAL),
         )
         for b in RUN
     ],

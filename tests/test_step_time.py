@@ -343,6 +343,7 @@ def _reset_dynamo() -> None:
     gc.collect()
 
 
+@pytest.mark.slow
 def test_the_monitor_records_compiles_per_step_and_none_after_a_warm_up(tmp_path: Path) -> None:
     import torch
 

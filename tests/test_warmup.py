@@ -139,6 +139,7 @@ def test_compile_count_does_not_import_dynamo() -> None:
     assert out.split() == ["0", "False"]
 
 
+@pytest.mark.slow
 def test_warm_up_compiles_each_bucket_shape_once_largest_peak_first() -> None:
     data, _ = setup()
     plan = data.plan

@@ -276,6 +276,7 @@ CUTS = [
 
 
 @pytest.mark.parametrize("where", CUTS)
+@pytest.mark.slow
 def test_wds_index_truncated_shard_names_shard_and_byte(tmp_path: Path, where: str) -> None:
     bad, cut, samples, says = cut_shard(tmp_path, where)
     before = snapshot(bad)
@@ -289,6 +290,7 @@ def test_wds_index_truncated_shard_names_shard_and_byte(tmp_path: Path, where: s
 
 
 @pytest.mark.parametrize("where", CUTS)
+@pytest.mark.slow
 def test_wds_index_truncated_shard_skipped_counts_its_samples(tmp_path: Path, where: str) -> None:
     bad, cut, samples, _ = cut_shard(tmp_path, where)
     before = snapshot(bad)
