@@ -34,7 +34,7 @@ docs: setup
 TEST_WORKERS ?= 2
 
 test: lint typecheck docs
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not serial"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
 
 demo: setup

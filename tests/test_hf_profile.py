@@ -76,6 +76,20 @@ def test_profile_hf_reads_a_config_folder_and_batch_scales_activations(
     assert set(one.breakdown) >= {"Parameter", "Gradient", "Optstate", "Total"}
 
 
+def test_profile_hf_decoder_inputs_are_text_ids_whatever_the_shape_holds() -> None:
+    # a decoder's sample is text: sample_shape drops its images, and the family's own inputs (the
+    # Family contract every model type answers) hold input_ids of the text alone, no pixels
+    from tokenbucket.cost.hf_profile import sample_shape
+    from tokenbucket.models import decoders
+    from tokenbucket.models._base import TEXT_TOKEN, Shape
+
+    cfg = HFConfig("<tiny>", TINY)
+    assert sample_shape(cfg, Sample(images=2, height=224, width=224, text_tokens=64), 3).images == 0
+    real, fake = decoders.FAMILY.inputs(cfg, None, Shape(3, 2, 224, 224, 64), torch.bfloat16)  # type: ignore[arg-type]
+    assert set(real) == {"input_ids"} and fake == {}
+    assert real["input_ids"].shape == (3, 64) and bool((real["input_ids"] == TEXT_TOKEN).all())
+
+
 @pytest.mark.parametrize(
     ("setup", "steps", "message"),
     [

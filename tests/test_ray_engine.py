@@ -123,7 +123,6 @@ def test_ray_engine_directory_of_parts_in_and_out_matches_local(local_ray: None,
     assert on_ray.table.column("index").to_pylist() == list(range(1_000))
 
 
-@pytest.mark.slow
 def test_ray_engine_given_plan_and_dynamic_mode_match_local(local_ray: None, tmp_path: Path) -> None:
     src = tmp_path / "meta.parquet"
     pq.write_table(metadata(2_000, seed=3, shuffle=True), src, row_group_size=500)
