@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo lint typecheck docs bench clean
+.PHONY: setup test test-fast demo lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,12 +30,22 @@ docs: setup
 	$(BIN)/python docs/gen_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# the suite in TEST_WORKERS processes (pytest-xdist), then the tests that time real steps, alone
-TEST_WORKERS ?= 2
+# the fast tier, for a developer's loop after every edit: everything not marked slow, in one process
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
 
-test: lint typecheck docs
+# the suite in TEST_WORKERS processes (pytest-xdist; a worker that runs out of tests takes some of
+# the other's), then the tests that time real steps, alone
+TEST_WORKERS ?= 2
+# the files that hold the serial tests (collecting only them saves the serial pass 10 s);
+# tests/test_readme.py checks the list against every test marked serial
+SERIAL_FILES := tests/test_readme.py tests/test_step_time.py
+
+# lint, mypy and the docs build side by side (mypy alone takes 40 s on a clean clone), then the suite
+test: setup
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint typecheck docs
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
-	$(BIN)/python -m pytest -q -m serial
+	$(BIN)/python -m pytest -q -m serial $(SERIAL_FILES)
 
 demo: setup
 	$(BIN)/tokenbucket demo

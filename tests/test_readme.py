@@ -506,6 +506,12 @@ def test_readme_the_serial_pass_has_its_tests() -> None:
     the blocks that calibrate the demo's real CPU run are the ones it runs alone."""
     assert SERIAL == {"docs/cli#cli-0", "docs/guides/workflow#step-time-calibrate-from-the-run-replan-0"}, SERIAL
     assert all(b.name not in SERIAL or ("tokenbucket demo" in b.code) for b in RUN)
+    # and it collects only the files that hold them: every file with a serial test is on its list
+    listed = re.search(r"^SERIAL_FILES := (.+)$", (ROOT / "Makefile").read_text(), re.M)
+    marked = {
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py") if "mark.serial" in p.read_text()
+    }
+    assert listed is not None and set(listed.group(1).split()) == marked, marked
 
 
 def test_readme_stated_outputs_are_found() -> None:
