@@ -35,21 +35,3 @@ def lerobot_dir() -> str:
             pytest.fail(f"shared LeRobot metadata not found at {path}")
         pytest.skip(f"shared LeRobot metadata not found at {path}")
     return path
-
-
-# NOTE [ Long tests first ]
-# make test's parallel pass splits the collected tests into one run of equal count per worker
-# (xdist's worksteal), and a worker that runs out takes some of another's not-yet-started ones.
-# The slow tier is a tenth of the tests and most of the time; where one of them (a model built at
-# its published size, a crash loop, a trainer's own launcher) is left for the end, one worker runs
-# it alone while the other has nothing left. So each worker's run starts with its share of the
-# slow tests, dealt in turn, and ends with fast ones that either worker can take over. Every
-# worker computes the same order, as xdist requires; a run in one process keeps pytest's order.
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    if workers < 2:
-        return
-    slow = [item for item in items if item.get_closest_marker("slow") is not None]
-    fast = [item for item in items if item.get_closest_marker("slow") is None]
-    size = -(-len(fast) // workers)
-    items[:] = [t for w in range(workers) for t in slow[w::workers] + fast[w * size : (w + 1) * size]]

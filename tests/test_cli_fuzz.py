@@ -766,19 +766,24 @@ def resolve(case: Case, seeds: Seeds) -> list[str]:
     return argv
 
 
-def run_cases(cases: list[Case], seeds: Seeds) -> tuple[list[str], dict[str, float]]:
-    """Run every case; the broken ones as ``name: problem`` lines, and timing figures."""
+def run_cases(cases: list[Case], seeds: Seeds, *, first_only: bool = False) -> tuple[list[str], dict[str, float]]:
+    """Run every case (``first_only``: up to the first broken one); the broken ones as ``name:
+    problem`` lines, and timing figures."""
     failures = []
     slowest = 0.0
     total = 0.0
+    ran = 0
     for case in cases:
         outcome = run_cli(resolve(case, seeds))
         problem = outcome.problem()
-        if problem is not None:
-            failures.append(f"{case.verb} {case.name}: {problem}")
+        ran += 1
         slowest = max(slowest, outcome.seconds)
         total += outcome.seconds
-    return failures, {"cases": len(cases), "seconds": round(total, 2), "slowest_s": round(slowest, 2)}
+        if problem is not None:
+            failures.append(f"{case.verb} {case.name}: {problem}")
+            if first_only:
+                break
+    return failures, {"cases": ran, "seconds": round(total, 2), "slowest_s": round(slowest, 2)}
 
 
 # -- the tests -------------------------------------------------------------------------------------------------
@@ -834,10 +839,14 @@ def test_cli_fuzz_verb_ends_in_status_0_or_one_line_never_a_traceback_or_a_hang(
         "report",
     ],
 )
-def test_cli_fuzz_slow_inputs_end_in_status_0_or_one_line(verb: str, seeds: Seeds, in_scratch: Path) -> None:
-    # the profiler measuring a Hugging Face model (about a second each), the report drawing its plots
+def test_cli_fuzz_slow_inputs_end_in_status_0_or_one_line(
+    verb: str, seeds: Seeds, in_scratch: Path, request: pytest.FixtureRequest
+) -> None:
+    # the profiler measuring a Hugging Face model (about a second each), the report drawing its plots.
+    # Under a strict xfail one broken case is the whole verdict (a case after it that broke too would
+    # not show), so that run stops there; once no case breaks, every case runs and the XPASS says so
     _, slow = structured_cases(verb, seeds)
-    failures, figures = run_cases(slow, seeds)
+    failures, figures = run_cases(slow, seeds, first_only=request.node.get_closest_marker("xfail") is not None)
     print(f"fuzz {verb} (slow): {figures}")
     assert not failures, "\n".join(failures)
 
