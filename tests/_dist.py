@@ -31,7 +31,10 @@ __all__ = ["end_process_group", "free_port", "gloo_group", "spawn"]
 # process group, no OpenMP pool), and forks each rank from it: the ranks are still separate
 # processes with their own gloo group, started in a fraction of a second. The server is the pytest
 # process's own (one per xdist worker), started at its first spawn and reused by every later one;
-# a test module it did not preload is imported by each rank as before.
+# a test module it did not preload is imported by each rank as before. A child of the fork server
+# inherits "forkserver" as its start method, so a rank's DataLoader workers would each come from a
+# server of the rank's own that imports torch anew (3 s a loader); a rank sets "fork" back first,
+# Linux's default and what a rank that torchrun starts has.
 PRELOAD = ["numpy", "pyarrow", "pyarrow.parquet", "torch", "torch.distributed", "tokenbucket", "tests._dist"]
 
 
@@ -41,7 +44,12 @@ def spawn(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
     raises them."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([*PRELOAD, fn.__module__])  # heeded when the server starts: the first call
-    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+    mp.start_processes(_rank, args=(fn, args), nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def _rank(rank: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    multiprocessing.set_start_method("fork", force=True)  # NOTE [ Ranks from a fork server ]
+    fn(rank, *args)
 
 
 def free_port() -> int:
