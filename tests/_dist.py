@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,7 +35,9 @@ __all__ = ["end_process_group", "free_port", "gloo_group", "spawn"]
 # a test module it did not preload is imported by each rank as before. A child of the fork server
 # inherits "forkserver" as its start method, so a rank's DataLoader workers would each come from a
 # server of the rank's own that imports torch anew (3 s a loader); a rank sets "fork" back first,
-# Linux's default and what a rank that torchrun starts has.
+# Linux's default and what a rank that torchrun starts has. The server's environment and working
+# folder are those of the test that started it, so each rank takes the spawning test's own, as
+# mp.spawn's ranks do.
 PRELOAD = ["numpy", "pyarrow", "pyarrow.parquet", "torch", "torch.distributed", "tokenbucket", "tests._dist"]
 
 
@@ -44,11 +47,16 @@ def spawn(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
     raises them."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([*PRELOAD, fn.__module__])  # heeded when the server starts: the first call
-    mp.start_processes(_rank, args=(fn, args), nprocs=nprocs, join=True, start_method="forkserver")
+    where = (dict(os.environ), os.getcwd())
+    mp.start_processes(_rank, args=(fn, args, where), nprocs=nprocs, join=True, start_method="forkserver")
 
 
-def _rank(rank: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+def _rank(rank: int, fn: Callable[..., None], args: tuple[Any, ...], where: tuple[dict[str, str], str]) -> None:
     multiprocessing.set_start_method("fork", force=True)  # NOTE [ Ranks from a fork server ]
+    environ, cwd = where
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
     fn(rank, *args)
 
 
