@@ -5,7 +5,7 @@ Adding a family: its module under ``tokenbucket/models/`` and one line here per 
 
 from __future__ import annotations
 
-__all__ = ["MODULES"]
+__all__ = ["DIT_MODULES", "MODULES"]
 
 MODULES: dict[str, str] = {
     "gemma": "decoders",
@@ -24,4 +24,9 @@ MODULES: dict[str, str] = {
     "qwen2_vl": "qwen2_vl",
     "qwen2_5_vl": "qwen2_vl",
     "qwen3_vl": "qwen3_vl",
+}
+
+# video diffusion transformers (diffusers): the transformer config's ``_class_name`` -> its family module
+DIT_MODULES: dict[str, str] = {
+    "WanTransformer3DModel": "wan",
 }

@@ -1,0 +1,217 @@
+"""The contract of a video diffusion transformer family (plumbing of :mod:`tokenbucket.models`).
+
+A diffusers video pipeline is a folder: ``model_index.json`` and one folder per component
+(``transformer/config.json``, ``vae/config.json``, ``text_encoder/``, ``scheduler/``). The
+transformer's ``_class_name`` names the family (``WanTransformer3DModel``, ...). A
+:class:`VideoDiT` holds what tokenbucket knows about one family: the VAE's compression (read from
+``vae/config.json``, or the family's published factors when only the transformer's config is
+given), the pipeline's own rule from frames x height x width to the latent grid (and the sizes it
+refuses), the transformer's patch sizes, how the text it conditions on meets the video tokens
+(cross-attention, or joined into one sequence), and the inputs its ``forward`` takes for the
+measured mode. :func:`read_pipeline` reads either form into a :class:`DiTConfig`.
+
+NOTE [ Video DiT tokens ]: one clip of ``F`` frames of ``H x W`` becomes latents ``[C, F', H',
+W']`` by the VAE (``F' = (F - 1) / t + 1`` for the causal video VAEs of Wan, CogVideoX,
+HunyuanVideo, LTX-Video and Cosmos; ``H' = H / s``), and the transformer cuts them into ``p_t x p
+x p`` patches: ``F'/p_t x H'/p x W'/p`` tokens. The text states it conditions on are cached by
+the usual fine-tuning scripts (DiffSynth, finetrainers, musubi-tuner) beside the latents, so a
+sample's text length is what its cache holds. Nothing here imports ``torch`` or ``diffusers`` at
+import time: only :meth:`VideoDiT.inputs` (the measured mode) does, inside the method.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from tokenbucket._config import json_object
+from tokenbucket._exceptions import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "DiTConfig",
+    "Latents",
+    "VAEFactors",
+    "VideoDiT",
+    "check_clip",
+    "config_int",
+    "read_pipeline",
+]
+
+
+@dataclass(frozen=True)
+class VAEFactors:
+    """A video VAE's compression: ``temporal`` frames and ``spatial`` pixels a side per latent,
+    ``channels`` latent channels; ``source``: where they were read (``vae/config.json`` or the
+    family's published factors)."""
+
+    temporal: int
+    spatial: int
+    channels: int
+    source: str
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """A video DiT as read from a pipeline folder or a transformer ``config.json`` alone.
+
+    ``path``: what was read; ``class_name``: the transformer's ``_class_name``; ``transformer``:
+    its config; ``vae``: the compression the latents have; ``pipeline``: ``model_index.json``'s
+    ``_class_name`` (``None``: a transformer config alone)."""
+
+    path: str
+    class_name: str
+    transformer: dict[str, Any]
+    vae: VAEFactors
+    pipeline: str | None = None
+
+    def get(self, key: str, default: object = None) -> Any:
+        """A transformer config key, or ``default`` (the class's own) when the config omits it."""
+        value = self.transformer.get(key)
+        return default if value is None else value
+
+
+@dataclass(frozen=True)
+class Latents:
+    """What one clip becomes: the latent grid ``frames x height x width`` (after any frames the
+    pipeline pads), and ``tokens`` transformer tokens after its patches."""
+
+    frames: int
+    height: int
+    width: int
+    tokens: int
+
+
+def check_clip(frames: object, height: object, width: object) -> None:
+    """A clip's frames, height and width: positive integers (one-line error naming the field)."""
+    for name, value in (("frames", frames), ("height", height), ("width", width)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} should be a positive integer, but got {name}={value!r}")
+
+
+def config_int(table: Mapping[str, Any], key: str, default: int | None, where: str) -> int:
+    """A positive integer key of a config table (``default`` when absent), or a one-line error."""
+    value = table.get(key, default)
+    if value is None:
+        raise ConfigError(f"{where}: missing key {key!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}: key {key!r} should be a positive integer, but got {value!r}")
+    return value
+
+
+class VideoDiT:
+    """One family of video diffusion transformers. Subclasses set the class attributes and
+    override the methods.
+
+    Class attributes:
+        name: the family's module name (``wan``, ``cogvideox``, ...).
+        class_names: the transformer ``_class_name`` values it reads.
+        published_vae: the VAE factors of the family's published pipelines, used when only a
+            transformer config is given (``source`` says so).
+        joint_text: the text tokens join the video tokens in one attention sequence
+            (CogVideoX, HunyuanVideo); ``False``: the video tokens cross-attend to them.
+    """
+
+    name: ClassVar[str] = ""
+    class_names: ClassVar[tuple[str, ...]] = ()
+    published_vae: ClassVar[VAEFactors] = VAEFactors(4, 8, 16, "published")
+    joint_text: ClassVar[bool] = False
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def vae_factors(self, vae: Mapping[str, Any], where: str) -> VAEFactors:
+        """The compression read from a ``vae/config.json`` (``where`` names it)."""
+        raise NotImplementedError
+
+    def patch_sizes(self, cfg: DiTConfig) -> tuple[int, int, int]:
+        """The transformer's ``(p_t, p_h, p_w)``."""
+        raise NotImplementedError
+
+    # -- tokens ---------------------------------------------------------------------------------
+
+    def latents(self, cfg: DiTConfig, frames: int, height: int, width: int) -> Latents:
+        """Exactly what the pipeline's latent preparation and the transformer's patch embedding
+        make of one clip of ``frames`` frames of ``height x width``; a size the pipeline refuses
+        is refused in one line naming its rule (NOTE [ Video DiT tokens ])."""
+        raise NotImplementedError
+
+    def text_tokens(self, cfg: DiTConfig, text_tokens: int) -> int:
+        """The text positions the transformer attends for a cached prompt of ``text_tokens``."""
+        return text_tokens
+
+    # -- the measured mode ----------------------------------------------------------------------
+
+    def inputs(
+        self, cfg: DiTConfig, batch: int, latents: Latents, text_tokens: int, dtype: torch.dtype
+    ) -> dict[str, Any]:
+        """The keyword arguments of the transformer's ``forward`` for ``batch`` clips of
+        ``latents`` and cached text states of ``text_tokens`` tokens, as tensors of the current
+        fake mode (bookkeeping tensors may be real), plus ``"target"``: the flow-matching target
+        the loss compares the output with (the output's shape, in ``dtype``)."""
+        raise ConfigError(f"video DiT family {self.name!r} has no measured mode yet")
+
+
+def _read_json(path: Path, label: str) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{label} {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{label} {str(path)!r} cannot be read: {exc}") from None
+    return json_object(text, f"{label} {str(path)!r}")
+
+
+def is_pipeline(path: str | Path) -> bool:
+    """Whether ``path`` is a diffusers pipeline folder (a ``model_index.json`` in it), or a
+    ``config.json`` (or a folder holding one) whose ``_class_name`` names a video DiT."""
+    from tokenbucket.models._registry import DIT_MODULES
+
+    p = Path(path)
+    if p.is_dir() and (p / "model_index.json").is_file():
+        return True
+    config = p / "config.json" if p.is_dir() else p
+    if not config.is_file():
+        return False
+    try:
+        name = json.loads(config.read_text(encoding="utf-8")).get("_class_name")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+    return name in DIT_MODULES
+
+
+def read_pipeline(path: str | Path) -> DiTConfig:
+    """Read a diffusers pipeline folder (``model_index.json``, ``transformer/config.json`` and,
+    when present, ``vae/config.json``) or a transformer ``config.json`` alone (a file, or a folder
+    holding one); without a VAE config the family's published factors apply (the returned
+    :attr:`DiTConfig.vae` says so)."""
+    from tokenbucket.models import dit_family
+
+    p = Path(path)
+    pipeline: str | None = None
+    vae_path: Path | None = None
+    if p.is_dir() and (p / "model_index.json").is_file():
+        index = _read_json(p / "model_index.json", "model_index.json")
+        pipeline = str(index.get("_class_name", "")) or None
+        config_path = p / "transformer" / "config.json"
+        if not config_path.is_file():
+            raise ConfigError(f"pipeline {str(p)!r}: model_index.json has no transformer/config.json beside it")
+        vae_path = p / "vae" / "config.json"
+    else:
+        config_path = p / "config.json" if p.is_dir() else p
+    config = _read_json(config_path, "config.json")
+    name = config.get("_class_name")
+    if not isinstance(name, str):
+        raise ConfigError(
+            f"config.json {str(config_path)!r}: missing key '_class_name' (the diffusers class of the transformer)"
+        )
+    fam = dit_family(name)
+    if vae_path is not None and vae_path.is_file():
+        vae = fam.vae_factors(_read_json(vae_path, "vae config.json"), f"vae config.json {str(vae_path)!r}")
+    else:
+        vae = fam.published_vae
+    return DiTConfig(str(config_path), name, config, vae, pipeline)
