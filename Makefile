@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c requirements-dev.txt torch==2.13.0
-	$(PIP) install -q -c requirements-dev.txt -e '.[dev,docs,wds,plot,hf,lightning,accelerate,transformers,peft,ray]'
+	$(PIP) install -q -c requirements-dev.txt -e '.[dev,docs,wds,plot,hf,lightning,accelerate,transformers,peft,diffusers,ray]'
 	touch $(STAMP)
 
 setup: $(STAMP)
