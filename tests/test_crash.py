@@ -23,7 +23,7 @@ from tokenbucket.plan.manifest import load_manifest
 from tokenbucket.testing import mixture_a
 
 ROWS = 600_000  # about half a second of planning
-KILLS = 20
+KILLS = 12
 
 
 def plan_argv(src: Path, out: Path) -> list[str]:
