@@ -28,5 +28,9 @@ MODULES: dict[str, str] = {
 
 # video diffusion transformers (diffusers): the transformer config's ``_class_name`` -> its family module
 DIT_MODULES: dict[str, str] = {
+    "CogVideoXTransformer3DModel": "cogvideox",
+    "CosmosTransformer3DModel": "cosmos",
+    "HunyuanVideoTransformer3DModel": "hunyuan_video",
+    "LTXVideoTransformer3DModel": "ltx_video",
     "WanTransformer3DModel": "wan",
 }
