@@ -2,6 +2,7 @@
 
 tokenbucket cost [model flags] --batch B --length L [--gpu NAME | --budget-gib X] [--json]
 tokenbucket cost --hf-config DIR --sample JSON --batch B [--train T] [--sharding S --world-size N] [--json]
+tokenbucket cost --hf-config PIPELINE --sample JSON --batch B [--train T] [--backbone-checkpointing full] [--json]
 tokenbucket cost --lerobot-policy DIR|pi0|pi05|smolvla --batch B [--cameras C] [--text-tokens T] [--gpu NAME] [--json]
 """
 
@@ -22,6 +23,7 @@ from tokenbucket.cli._common import (
     positive_int,
     unit_fraction,
 )
+from tokenbucket.cli._dit import is_dit, run_dit_cost
 from tokenbucket.cli._lerobot import add_lerobot_flags, is_lerobot, refuse_lerobot_flags, run_lerobot
 from tokenbucket.cli._staged import (
     add_staged_flags,
@@ -69,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if is_lerobot(args):
         return run_lerobot(args)
     refuse_lerobot_flags(args)
+    if is_dit(args):
+        return run_dit_cost(args)
     if is_staged(args):
         return _run_staged(args)
     refuse_staged_flags(args, extra=("sample",))

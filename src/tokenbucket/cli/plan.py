@@ -430,6 +430,13 @@ def _builder(args: argparse.Namespace) -> Callable[..., Manifest]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tokenbucket.cli._dit import is_dit
+
+    if is_dit(args):
+        raise UsageError(
+            f"--hf-config {str(args.hf_config)!r} is a video DiT: plan does not bucket one yet; price a clip with "
+            'tokenbucket cost --hf-config PIPELINE --sample \'{"frames": F, "height": H, "width": W, "text_tokens": T}\''
+        )
     if args.lerobot is None:
         if not args.metadata:
             raise UsageError("plan needs METADATA (files or directories) or --lerobot DATASET")

@@ -289,6 +289,10 @@ _KINDS = {
 
 def _run_hf(args: argparse.Namespace) -> int:
     """Measure the model a config.json describes at one sample's shape, beside the staged estimate."""
+    from tokenbucket.cli._dit import is_dit, run_dit_profile
+
+    if is_dit(args):
+        return run_dit_profile(args)
     if args.factory is not None:
         raise UsageError(f"give MODULE:FACTORY or --hf-config, not both (got {args.factory!r} and --hf-config)")
     if args.input is not None:

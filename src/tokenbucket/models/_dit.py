@@ -34,8 +34,11 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "BlockTerms",
     "DiTConfig",
+    "DiTParams",
     "Latents",
+    "StepTerms",
     "VAEFactors",
     "VideoDiT",
     "check_clip",
@@ -85,6 +88,50 @@ class Latents:
     height: int
     width: int
     tokens: int
+
+
+@dataclass(frozen=True)
+class DiTParams:
+    """A transformer's parameters as a fine-tuning run holds them: ``total``, of which ``fp32``
+    are kept in fp32 (NOTE [ Modules kept in fp32 ] in :mod:`tokenbucket.cost.dit_profile`) and the
+    rest bf16; ``block``: one block's (what FSDP gathers at a time); ``lora``: the adapters LoRA
+    adds at its rank on the attention projections."""
+
+    total: int
+    fp32: int
+    block: int
+    lora: int
+
+    @property
+    def bf16(self) -> int:
+        return self.total - self.fp32
+
+
+@dataclass(frozen=True)
+class BlockTerms:
+    """What one kind of block keeps in a fine-tuning step, in bytes (NOTE [ What a DiT block
+    keeps ] in :mod:`tokenbucket.cost.dit`): ``count`` blocks of it, each keeping ``video`` per
+    video token and ``text`` per text token for backward; under checkpointing, ``checkpoint`` per
+    video token (its input) and ``backward`` per video token of its backward's working set
+    (``fsdp_backward`` under FSDP)."""
+
+    count: int
+    video: float
+    text: float
+    checkpoint: float
+    backward: float
+    fsdp_backward: float
+
+
+@dataclass(frozen=True)
+class StepTerms:
+    """A step's terms: its ``blocks`` (one :class:`BlockTerms` per kind of block, in order), and
+    what is kept outside them, ``outside`` per video token (patch embedding, output head, the fp32
+    loss) and ``outside_text`` per text token (the text projection)."""
+
+    blocks: tuple[BlockTerms, ...]
+    outside: float
+    outside_text: float
 
 
 def check_clip(frames: object, height: object, width: object) -> None:
@@ -143,6 +190,17 @@ class VideoDiT:
     def text_tokens(self, cfg: DiTConfig, text_tokens: int) -> int:
         """The text positions the transformer attends for a cached prompt of ``text_tokens``."""
         return text_tokens
+
+    # -- the cost model --------------------------------------------------------------------------
+
+    def params(self, cfg: DiTConfig, lora_rank: int = 16) -> DiTParams:
+        """The parameters diffusers' class builds for ``cfg`` (counted exactly)."""
+        raise NotImplementedError
+
+    def step_terms(self, cfg: DiTConfig, train: str, lora_rank: int = 16) -> StepTerms:
+        """What a step keeps per token (NOTE [ What a DiT block keeps ] in :mod:`tokenbucket.cost.dit`),
+        under ``train`` (``full`` or ``lora`` at ``lora_rank``)."""
+        raise NotImplementedError
 
     # -- the measured mode ----------------------------------------------------------------------
 

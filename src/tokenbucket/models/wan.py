@@ -9,6 +9,22 @@ not tile is refused here (the transformer's output would not match them). The la
 ``(F - 1) // 4 + 1``, as ``prepare_latents`` and the VAE's encoder count them; a count that is not
 ``4k + 1`` keeps that many latents (the encoder drops the frames past the last whole group).
 
+NOTE [ What a Wan block keeps ]
+Per video token, a block keeps about ``68 D + 4 ffn`` bytes for backward in full training: its
+norms and gated residuals run in fp32 (``hidden_states.float()``, the fp32 modulation ``(1 +
+scale) * norm(x) + shift`` and ``x + out * gate`` with fp32 gates), so the residual stream is kept
+several times at 4 bytes a value beside the bf16 inputs of every projection, the RMS-normed
+queries and keys, flash attention's output and the MLP's GELU input and output (2 bytes a value of
+the MLP width each). Per text token, the cross-attention keeps its keys and values and their norm's
+inputs: ``12 D``. Under LoRA the frozen projections keep no inputs for their weights' gradients,
+and each adapter keeps its rank-``r`` middle: ``40.125 D + 2 ffn + 12 r`` and ``8 D + 4 r``. These are counted by ``tests/test_dit_cost.py`` from the
+tensors autograd saves in diffusers' own block (1 and 2 blocks, two token counts, two widths and
+two MLP widths). Outside the blocks the head's fp32 norm and modulation and the fp32 loss keep
+about ``16 D`` a video token. Under checkpointing a block keeps its bf16 input (``2 D``); its
+backward's working set, fitted to the measured peaks, is ``120 D`` a token unsharded and ``72 D``
+under FSDP (where the peak falls at another point of the first block's backward: the gradients
+are sharded, so they no longer outweigh the activations).
+
 Example:
     >>> from tokenbucket.models._dit import DiTConfig
     >>> cfg = DiTConfig("wan", "WanTransformer3DModel", {"patch_size": [1, 2, 2]}, DIT.published_vae)
@@ -18,11 +34,22 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.models._dit import DiTConfig, Latents, VAEFactors, VideoDiT, check_clip, config_int
+from tokenbucket.models._dit import (
+    BlockTerms,
+    DiTConfig,
+    DiTParams,
+    Latents,
+    StepTerms,
+    VAEFactors,
+    VideoDiT,
+    check_clip,
+    config_int,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -81,6 +108,56 @@ class Wan(VideoDiT):
             raise ConfigError(f"Wan's {lf} latent frames of a {frames}-frame clip are not whole {p_t}-frame patches")
         lh, lw = height // s, width // s
         return Latents(lf, lh, lw, (lf // p_t) * (lh // p_h) * (lw // p_w))
+
+    # -- the cost model --------------------------------------------------------------------------
+
+    def _dims(self, cfg: DiTConfig) -> dict[str, int]:
+        where = f"config.json {cfg.path!r}"
+        if cfg.get("image_dim") is not None or cfg.get("added_kv_proj_dim") is not None:
+            raise ConfigError(f"{where}: Wan's image conditioning (image_dim, added_kv_proj_dim) is not priced yet")
+        heads = config_int(cfg.transformer, "num_attention_heads", 40, where)
+        head_dim = config_int(cfg.transformer, "attention_head_dim", 128, where)
+        channels = config_int(cfg.transformer, "in_channels", 16, where)
+        return {
+            "D": heads * head_dim,
+            "heads": heads,
+            "ffn": config_int(cfg.transformer, "ffn_dim", 13824, where),
+            "layers": config_int(cfg.transformer, "num_layers", 40, where),
+            "in": channels,
+            "out": config_int(cfg.transformer, "out_channels", channels, where),
+            "text": config_int(cfg.transformer, "text_dim", 4096, where),
+            "freq": config_int(cfg.transformer, "freq_dim", 256, where),
+        }
+
+    def params(self, cfg: DiTConfig, lora_rank: int = 16) -> DiTParams:
+        d = self._dims(cfg)
+        D, ffn, patch = d["D"], d["ffn"], math.prod(self.patch_sizes(cfg))
+        qk_norm = 2 * D if cfg.get("qk_norm", "rms_norm_across_heads") else 0
+        cross_norm = 2 * D if cfg.get("cross_attn_norm", True) else 0
+        attention = 4 * (D * D + D) + qk_norm
+        block = 2 * attention + cross_norm + (D * ffn + ffn) + (ffn * D + D) + 6 * D
+        time_embedder = d["freq"] * D + D + D * D + D
+        outside = (
+            d["in"] * patch * D + D  # the patch embedding
+            + time_embedder + 6 * D * D + 6 * D  # the time embedding and its projection
+            + d["text"] * D + D + D * D + D  # the text projection
+            + D * d["out"] * patch + d["out"] * patch + 2 * D  # the output head and its scale-shift table
+        )  # fmt: skip
+        # NOTE [ Modules kept in fp32 ]: the time embedder, the scale-shift tables and norm2
+        fp32 = time_embedder + 2 * D + d["layers"] * (6 * D + cross_norm)
+        lora = d["layers"] * 8 * lora_rank * 2 * D  # q, k, v and out of both attentions, D -> D each
+        return DiTParams(d["layers"] * block + outside, fp32, block, lora)
+
+    def step_terms(self, cfg: DiTConfig, train: str, lora_rank: int = 16) -> StepTerms:
+        # NOTE [ What a Wan block keeps ]
+        d = self._dims(cfg)
+        D, ffn = d["D"], d["ffn"]
+        if train == "lora":
+            video, text = 40.125 * D + 2 * ffn + 12 * lora_rank + 36, 8 * D + 4 * lora_rank + 4
+        else:
+            video, text = 68.125 * D + 4 * ffn + 36, 12 * D + 4
+        block = BlockTerms(d["layers"], video, text, checkpoint=2 * D, backward=120 * D, fsdp_backward=72 * D)
+        return StepTerms((block,), outside=16 * D, outside_text=4 * D)
 
     def inputs(
         self, cfg: DiTConfig, batch: int, latents: Latents, text_tokens: int, dtype: torch.dtype
