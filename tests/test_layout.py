@@ -20,7 +20,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "tokenbucket"
 # bottom to top; the top-level package (the public API) sits above them all
 STAGES = ("_base", "models", "tokens", "cost", "plan", "train", "stream", "monitor", "cli")
 BASE_MODULES = ("_exceptions", "_values", "_arrays", "_search", "_config", "_progress", "testing")
-MAX_DEFERRED = 6  # ray, lightning, accelerate, hf trainer, transformers for profile --hf-config, peft for LoRA
+# ray, lightning, accelerate, hf trainer, transformers for profile --hf-config, peft for LoRA, diffusers for
+# profile --hf-config PIPELINE
+MAX_DEFERRED = 7
 # modules that import an optional dependency at their top (ray, lightning, accelerate, transformers)
 OPTIONAL_MODULES = (
     "tokenbucket.plan.ray_engine",
@@ -28,6 +30,7 @@ OPTIONAL_MODULES = (
     "tokenbucket.train.accelerate",
     "tokenbucket.train.hf_trainer",
     "tokenbucket.cost.hf_profile",
+    "tokenbucket.cost.dit_profile",
 )
 MAX_LINES = 700
 MAX_ANY_PARAMETERS = 10

@@ -117,17 +117,7 @@ def _json(cfg: DiTConfig, cost: DiTCostModel, est: DiTEstimate, batch: int, budg
 
 
 def _max_batch(cost: DiTCostModel, est: DiTEstimate, budget: int) -> int:
-    """The largest batch of this sample within ``budget`` (0: not even one)."""
-    lo, hi = 0, 1
-    while cost.memory(hi, est.video_tokens, est.text_tokens).peak_bytes <= budget and hi < 1 << 20:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if cost.memory(mid, est.video_tokens, est.text_tokens).peak_bytes <= budget:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return cost.max_batch(est.video_tokens, est.text_tokens, budget)
 
 
 def run_dit_cost(args: argparse.Namespace) -> int:
@@ -173,7 +163,7 @@ def run_dit_profile(args: argparse.Namespace) -> int:
     sample = dit_sample(args.sample)
     est = _estimate(cost, args.batch, sample)
     try:
-        from tokenbucket.cost.dit_profile import profile_dit  # optional: pip install 'tokenbucket[diffusers]'
+        from tokenbucket.cost.dit_profile import profile_dit  # optional: diffusers (tokenbucket[diffusers])
     except ImportError as exc:
         raise ConfigError(f"a video DiT needs diffusers: pip install 'tokenbucket[diffusers]' ({exc})") from None
     s = cost.setup

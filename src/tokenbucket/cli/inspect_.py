@@ -1,6 +1,11 @@
 """``tokenbucket inspect``: the plan and length histogram of a manifest.
 
     tokenbucket inspect manifest.parquet [--json] [--plot hist.png]
+    tokenbucket inspect bucket_config.json --hf-config PIPELINE --gpu NAME [--text-tokens T] [--json]
+
+An Open-Sora-style ``bucket_config`` (a ``.json`` of ``{"HxW": {frames: [probability, batch]}}``)
+is checked against a GPU with a video DiT's cost model: every bucket that overflows, by how much,
+and the largest batch that fits (:func:`tokenbucket.plan.video_buckets.check_bucket_config`).
 
 A 2D manifest (its buckets bound image tokens too) plots the samples' (L_total, image tokens)
 as a 2D histogram with each bucket drawn as a rectangle (NOTE [ The 2D report grid ]).
@@ -18,9 +23,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tokenbucket._exceptions import ConfigError
+from tokenbucket._exceptions import ConfigError, UsageError
+from tokenbucket.cli._common import positive_float
 from tokenbucket.cli._packed_2d import is_two_cap, packed_report, print_packed
+from tokenbucket.cli._staged import add_staged_flags
 from tokenbucket.cli._tables import _histogram, _plan_json, _print_plan, dynamic_2d_line
+from tokenbucket.cli._video_plan import run_bucket_config
 from tokenbucket.monitor.report import pyplot
 from tokenbucket.plan.bucket_plan import BucketPlan
 from tokenbucket.plan.manifest import Manifest, load_manifest
@@ -32,6 +40,16 @@ if TYPE_CHECKING:  # matplotlib is the optional `plot` extra: imported only by p
 __all__ = ["EXAMPLE", "add_arguments", "bucket_rectangles", "plan_figure", "plan_figure_2d", "run"]
 
 EXAMPLE = "tokenbucket inspect manifest.parquet --plot hist.png"
+
+
+def _text_tokens(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"should be a non-negative integer, but got {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,9 +64,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "each bucket's predicted peak memory against the budget; for a 2D plan, a 2D histogram of "
         "(L_total, image tokens) with each bucket drawn as a rectangle (needs the `plot` extra: matplotlib)",
     )
+    group = parser.add_argument_group("an Open-Sora bucket_config (.json) checked for a video DiT on a GPU")
+    group.add_argument("--gpu", help="the GPU the table is checked for (or --budget-gib)")
+    group.add_argument("--budget-gib", type=positive_float, help="memory budget in GiB instead of a GPU's")
+    group.add_argument("--text-tokens", type=_text_tokens, default=512, help="cached text tokens a clip (512)")
+    add_staged_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.manifest.suffix == ".json":
+        return run_bucket_config(args)
+    if args.hf_config is not None or args.gpu is not None or args.budget_gib is not None:
+        raise UsageError(
+            "--hf-config, --gpu and --budget-gib check a bucket_config .json; a manifest holds its own plan"
+        )
     manifest = load_manifest(args.manifest)  # verified; no spec to compare here (none is given)
     summary = manifest.summary()  # as `plan` printed it: rows refused as invalid count as rejected
     packed = packed_report(manifest) if is_two_cap(manifest.plan) else None  # NOTE [ A two-cap packed manifest ]

@@ -55,6 +55,7 @@ from tokenbucket.cli._common import (
     share,
     spec_from_args,
 )
+from tokenbucket.cli._dit import is_dit
 from tokenbucket.cli._lerobot import lerobot_policy_arg
 from tokenbucket.cli._packed_2d import packed_report, print_packed, refuse_packed_flags, run_packed_2d
 from tokenbucket.cli._staged import (
@@ -66,6 +67,7 @@ from tokenbucket.cli._staged import (
     staged_token_spec,
 )
 from tokenbucket.cli._tables import _plan_json, _print_plan, dynamic_2d_line
+from tokenbucket.cli._video_plan import add_video_flags, refuse_video_flags, run_dit_plan
 from tokenbucket.cost.calibration import CalibratedCostModel, Calibration, load_calibration
 from tokenbucket.cost.gpus import GPU
 from tokenbucket.cost.lerobot_plan import PolicyLengthModel
@@ -194,6 +196,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "this machine's cores, started and stopped by the command",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    add_video_flags(parser)
     _add_spec_flags(parser)
     _add_model_flags(parser, mode_flag="--model-mode")
     add_staged_flags(parser)
@@ -430,13 +433,9 @@ def _builder(args: argparse.Namespace) -> Callable[..., Manifest]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tokenbucket.cli._dit import is_dit
-
     if is_dit(args):
-        raise UsageError(
-            f"--hf-config {str(args.hf_config)!r} is a video DiT: plan does not bucket one yet; price a clip with "
-            'tokenbucket cost --hf-config PIPELINE --sample \'{"frames": F, "height": H, "width": W, "text_tokens": T}\''
-        )
+        return run_dit_plan(args)
+    refuse_video_flags(args)
     if args.lerobot is None:
         if not args.metadata:
             raise UsageError("plan needs METADATA (files or directories) or --lerobot DATASET")

@@ -30,6 +30,7 @@ from tokenbucket.cli._common import (
     progress_from_args,
     share,
 )
+from tokenbucket.cli._dit import is_dit, run_dit_profile
 from tokenbucket.cli._staged import (
     add_staged_flags,
     is_staged,
@@ -289,8 +290,6 @@ _KINDS = {
 
 def _run_hf(args: argparse.Namespace) -> int:
     """Measure the model a config.json describes at one sample's shape, beside the staged estimate."""
-    from tokenbucket.cli._dit import is_dit, run_dit_profile
-
     if is_dit(args):
         return run_dit_profile(args)
     if args.factory is not None:

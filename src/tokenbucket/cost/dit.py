@@ -21,6 +21,13 @@ casts to fp32 for the norms and the gated residuals are most of it) and checked 
 against the tensors autograd saves (``tests/test_dit_cost.py``). Under gradient checkpointing a
 block keeps its input alone, and backward recomputes one block at a time.
 
+NOTE [ DiT FLOPs ]
+A forward multiplies every token of the sequence by every weight once (``2 T P``: the patch
+embedding, the text and time projections and the head are a small share of ``P``), and each block's
+attention costs ``4 T^2 D`` (scores and the weighted sum) over its sequence: the video tokens, with
+the text joined for CogVideoX and HunyuanVideo; a cross-attention adds ``4 T_video T_text D``.
+Training is three forwards (backward twice the forward), four under checkpointing (the recompute).
+
 NOTE [ The peaks of a DiT step ]
 The steady-state step peaks in one of two places. At the start of backward: the weights, AdamW's
 states and every block's saved tensors are live, the gradients not yet (``zero_grad`` set them to
@@ -35,6 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.cost.gpus import GPU, get_gpu
+from tokenbucket.cost.step_time import FixedCost, StepSeconds, StepTime, comm_bytes, optimizer_io_bytes
 from tokenbucket.models import dit_family
 from tokenbucket.models._dit import DiTConfig, DiTParams
 
@@ -175,6 +184,50 @@ class DiTCostModel:
             items.pop("gathered", None)
             phase = "optimizer step"
         return DiTEstimate(max(fwd, opt), items, video_tokens, text_tokens, phase)
+
+    # -- time -----------------------------------------------------------------------------------
+
+    def flops(self, batch: int, video_tokens: int, text_tokens: int) -> float:
+        """Training FLOPs of one step (NOTE [ DiT FLOPs ])."""
+        terms = self.family.step_terms(self.cfg, self.setup.train, self.setup.lora_rank)
+        blocks = sum(k.count for k in terms.blocks)
+        width = self.family.width(self.cfg)
+        joint = self.family.joint_text
+        seq = video_tokens + (text_tokens if joint else 0)
+        linear = 2.0 * batch * seq * self.params.total
+        attention = 4.0 * batch * blocks * width * (seq * seq + (0 if joint else video_tokens * text_tokens))
+        passes = 4.0 if self.setup.checkpointing else 3.0  # backward twice the forward; a recompute once more
+        return passes * (linear + attention)
+
+    def step_seconds(self, batch: int, video_tokens: int, text_tokens: int, gpu: str | GPU) -> StepSeconds:
+        """One step's seconds on ``gpu`` (NOTE [ Step time ] in :mod:`tokenbucket.cost.step_time`)."""
+        g = get_gpu(gpu)
+        static = self.static_bytes()
+        world = self.setup.world_size
+        full = 1 if self.setup.sharding != "fsdp" else world
+        fixed = FixedCost(
+            optimizer_bytes=optimizer_io_bytes(static["optimizer"], static["gradients"]),
+            comm_bytes=comm_bytes(self.setup.sharding, world, static["weights"] * full, static["gradients"] * full),
+            kernels=40 * sum(k.count for k in self.family.step_terms(self.cfg, "full").blocks),
+        )
+        return StepTime.for_gpu(g).seconds(self.flops(batch, video_tokens, text_tokens), batch * video_tokens,
+                                           fixed=fixed)  # fmt: skip
+
+    def max_batch(self, video_tokens: int, text_tokens: int, budget_bytes: int, limit: int = 1 << 16) -> int:
+        """The largest batch of samples of this size whose peak is within ``budget_bytes`` (0: none)."""
+        if self.memory(1, video_tokens, text_tokens).peak_bytes > budget_bytes:
+            return 0
+        lo, hi = 1, 2
+        while hi <= limit and self.memory(hi, video_tokens, text_tokens).peak_bytes <= budget_bytes:
+            lo, hi = hi, hi * 2
+        hi = min(hi, limit + 1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.memory(mid, video_tokens, text_tokens).peak_bytes <= budget_bytes:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def sample_memory(self, batch: int, *, frames: int, height: int, width: int, text_tokens: int) -> DiTEstimate:
         """:meth:`memory` for ``batch`` clips of ``frames`` frames of ``height x width`` (the

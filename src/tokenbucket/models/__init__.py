@@ -21,7 +21,7 @@ from typing import Any
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.models._base import Family, VisionInputs, check_frames, check_image_size
-from tokenbucket.models._dit import DiTConfig, Latents, VideoDiT, read_pipeline
+from tokenbucket.models._dit import SUPPORTED_DIT_CLASSES, DiTConfig, Latents, VideoDiT, dit_family, read_pipeline
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models._registry import DIT_MODULES, MODULES
 
@@ -45,7 +45,6 @@ __all__ = [
 ]
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(MODULES))
-SUPPORTED_DIT_CLASSES: tuple[str, ...] = tuple(sorted(DIT_MODULES))
 
 
 @cache
@@ -59,22 +58,6 @@ def family(model_type: str) -> Family:
     if model_type not in MODULES:
         raise ConfigError(f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     return _load(MODULES[model_type])
-
-
-@cache
-def _load_dit(module: str) -> VideoDiT:
-    found: VideoDiT = importlib.import_module(f"tokenbucket.models.{module}").DIT
-    return found
-
-
-def dit_family(class_name: str) -> VideoDiT:
-    """The video DiT family whose transformer is diffusers' ``class_name`` (a one-line error
-    listing the supported ones)."""
-    if class_name not in DIT_MODULES:
-        raise ConfigError(
-            f"transformer _class_name {class_name!r} is not supported; supported: {', '.join(SUPPORTED_DIT_CLASSES)}"
-        )
-    return _load_dit(DIT_MODULES[class_name])
 
 
 def of(cfg: HFConfig) -> Family:

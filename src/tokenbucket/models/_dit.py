@@ -21,14 +21,17 @@ import time: only :meth:`VideoDiT.inputs` (the measured mode) does, inside the m
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenbucket._config import json_object
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.models._registry import DIT_MODULES
 
 if TYPE_CHECKING:
     import torch
@@ -38,11 +41,14 @@ __all__ = [
     "DiTConfig",
     "DiTParams",
     "Latents",
+    "SUPPORTED_DIT_CLASSES",
     "StepTerms",
     "VAEFactors",
     "VideoDiT",
     "check_clip",
     "config_int",
+    "dit_family",
+    "is_pipeline",
     "read_pipeline",
 ]
 
@@ -193,6 +199,14 @@ class VideoDiT:
 
     # -- the cost model --------------------------------------------------------------------------
 
+    def width(self, cfg: DiTConfig) -> int:
+        """The attention width ``D``: ``num_attention_heads x attention_head_dim``, the keys every
+        diffusers video transformer names its width by."""
+        where = f"config.json {cfg.path!r}"
+        return config_int(cfg.transformer, "num_attention_heads", None, where) * config_int(
+            cfg.transformer, "attention_head_dim", None, where
+        )
+
     def params(self, cfg: DiTConfig, lora_rank: int = 16) -> DiTParams:
         """The parameters diffusers' class builds for ``cfg`` (counted exactly)."""
         raise NotImplementedError
@@ -214,6 +228,25 @@ class VideoDiT:
         raise ConfigError(f"video DiT family {self.name!r} has no measured mode yet")
 
 
+SUPPORTED_DIT_CLASSES: tuple[str, ...] = tuple(sorted(DIT_MODULES))
+
+
+@cache
+def _load(module: str) -> VideoDiT:
+    found: VideoDiT = importlib.import_module(f"tokenbucket.models.{module}").DIT
+    return found
+
+
+def dit_family(class_name: str) -> VideoDiT:
+    """The video DiT family whose transformer is diffusers' ``class_name`` (a one-line error
+    listing the supported ones)."""
+    if class_name not in DIT_MODULES:
+        raise ConfigError(
+            f"transformer _class_name {class_name!r} is not supported; supported: {', '.join(SUPPORTED_DIT_CLASSES)}"
+        )
+    return _load(DIT_MODULES[class_name])
+
+
 def _read_json(path: Path, label: str) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -227,8 +260,6 @@ def _read_json(path: Path, label: str) -> dict[str, Any]:
 def is_pipeline(path: str | Path) -> bool:
     """Whether ``path`` is a diffusers pipeline folder (a ``model_index.json`` in it), or a
     ``config.json`` (or a folder holding one) whose ``_class_name`` names a video DiT."""
-    from tokenbucket.models._registry import DIT_MODULES
-
     p = Path(path)
     if p.is_dir() and (p / "model_index.json").is_file():
         return True
@@ -247,8 +278,6 @@ def read_pipeline(path: str | Path) -> DiTConfig:
     when present, ``vae/config.json``) or a transformer ``config.json`` alone (a file, or a folder
     holding one); without a VAE config the family's published factors apply (the returned
     :attr:`DiTConfig.vae` says so)."""
-    from tokenbucket.models import dit_family
-
     p = Path(path)
     pipeline: str | None = None
     vae_path: Path | None = None

@@ -129,6 +129,9 @@ class Wan(VideoDiT):
             "freq": config_int(cfg.transformer, "freq_dim", 256, where),
         }
 
+    def width(self, cfg: DiTConfig) -> int:
+        return self._dims(cfg)["D"]
+
     def params(self, cfg: DiTConfig, lora_rank: int = 16) -> DiTParams:
         d = self._dims(cfg)
         D, ffn, patch = d["D"], d["ffn"], math.prod(self.patch_sizes(cfg))
