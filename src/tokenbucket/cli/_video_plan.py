@@ -64,6 +64,9 @@ def add_video_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_FLAG = {"plan_mode": "--mode"}
+
+
 def refuse_video_flags(args: argparse.Namespace) -> None:
     """The video DiT plan's flags given to any other plan: one line naming them."""
     given = [f"--{n.replace('_', '-')}" for n in VIDEO_FLAGS if getattr(args, n, None) is not None]
@@ -121,7 +124,9 @@ def _write_plan(out: Path, table: pa.Table, plan_json: dict[str, Any], force: bo
 def run_dit_plan(args: argparse.Namespace) -> int:
     """``tokenbucket plan METADATA --hf-config PIPELINE --gpu NAME --out plan.parquet``."""
 
-    given = [f"--{n.replace('_', '-')}" for n, default in _LENGTH_ONLY if getattr(args, n, default) != default]
+    given = [
+        _FLAG.get(n, f"--{n.replace('_', '-')}") for n, default in _LENGTH_ONLY if getattr(args, n, default) != default
+    ]
     if given:
         raise UsageError(f"{', '.join(given)} plan by token lengths; a video DiT's plan buckets resolution x frames")
     if not args.metadata:

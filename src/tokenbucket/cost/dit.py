@@ -22,8 +22,9 @@ against the tensors autograd saves (``tests/test_dit_cost.py``). Under gradient 
 block keeps its input alone, and backward recomputes one block at a time.
 
 NOTE [ DiT FLOPs ]
-A forward multiplies every token of the sequence by every weight once (``2 T P``: the patch
-embedding, the text and time projections and the head are a small share of ``P``), and each block's
+A forward multiplies each token by the weights it meets (``2 T P``: a video token the blocks'
+projections and MLPs, the patch embedding and the head; a text token the text projection and the
+keys and values that attend to it, :meth:`VideoDiT.matmul_params`), and each block's
 attention costs ``4 T^2 D`` (scores and the weighted sum) over its sequence: the video tokens, with
 the text joined for CogVideoX and HunyuanVideo; a cross-attention adds ``4 T_video T_text D``.
 Training is three forwards (backward twice the forward), four under checkpointing (the recompute).
@@ -194,7 +195,8 @@ class DiTCostModel:
         width = self.family.width(self.cfg)
         joint = self.family.joint_text
         seq = video_tokens + (text_tokens if joint else 0)
-        linear = 2.0 * batch * seq * self.params.total
+        per_video, per_text = self.family.matmul_params(self.cfg)
+        linear = 2.0 * batch * (video_tokens * per_video + text_tokens * per_text)
         attention = 4.0 * batch * blocks * width * (seq * seq + (0 if joint else video_tokens * text_tokens))
         passes = 4.0 if self.setup.checkpointing else 3.0  # backward twice the forward; a recompute once more
         return passes * (linear + attention)

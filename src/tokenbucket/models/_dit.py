@@ -211,6 +211,11 @@ class VideoDiT:
         """The parameters diffusers' class builds for ``cfg`` (counted exactly)."""
         raise NotImplementedError
 
+    def matmul_params(self, cfg: DiTConfig) -> tuple[int, int]:
+        """The weights a video token and a text token each meet in a forward's matmuls (NOTE [ DiT
+        FLOPs ] in :mod:`tokenbucket.cost.dit`); by default every parameter, for the video tokens."""
+        return self.params(cfg).total, 0
+
     def step_terms(self, cfg: DiTConfig, train: str, lora_rank: int = 16) -> StepTerms:
         """What a step keeps per token (NOTE [ What a DiT block keeps ] in :mod:`tokenbucket.cost.dit`),
         under ``train`` (``full`` or ``lora`` at ``lora_rank``)."""

@@ -151,6 +151,15 @@ class Wan(VideoDiT):
         lora = d["layers"] * 8 * lora_rank * 2 * D  # q, k, v and out of both attentions, D -> D each
         return DiTParams(d["layers"] * block + outside, fp32, block, lora)
 
+    def matmul_params(self, cfg: DiTConfig) -> tuple[int, int]:
+        # a video token meets self-attention's four projections, cross-attention's query and output,
+        # the MLP, the patch embedding and the head; a text token cross-attention's keys and values
+        # and the text projection
+        d = self._dims(cfg)
+        D, patch = d["D"], math.prod(self.patch_sizes(cfg))
+        video = d["layers"] * (6 * D * D + 2 * D * d["ffn"]) + d["in"] * patch * D + D * d["out"] * patch
+        return video, d["layers"] * 2 * D * D + d["text"] * D + D * D
+
     def step_terms(self, cfg: DiTConfig, train: str, lora_rank: int = 16) -> StepTerms:
         # NOTE [ What a Wan block keeps ]
         d = self._dims(cfg)
