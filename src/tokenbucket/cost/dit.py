@@ -34,7 +34,12 @@ The steady-state step peaks in one of two places. At the start of backward: the 
 states and every block's saved tensors are live, the gradients not yet (``zero_grad`` set them to
 None). Or, under checkpointing, at the end of backward: every gradient is live beside the first
 block's recomputed tensors and its backward's working set. The optimizer step adds one
-parameter-sized temporary beside the gradients (AdamW ``foreach``).
+parameter-sized temporary beside the gradients (AdamW ``foreach``). Under FSDP with checkpointing
+the gradients are sharded, so the activations decide: the measured peak (FSDPMemTracker) holds, beside
+the first block's recomputed tensors and its backward's working set, the tensors saved outside the
+blocks (the head's, freed only when the root unit's backward ends), one block's unsharded bf16
+gradients and the reduce-scatter's buffer; the working set there is smaller than unsharded (the
+family's ``fsdp_backward``). These last terms are fitted to Wan's measured peaks at 1.3B and 14B.
 """
 
 from __future__ import annotations
@@ -175,8 +180,10 @@ class DiTCostModel:
                      "recomputed block": max(saved),
                      "backward working set": max(int((k.fsdp_backward if fsdp else k.backward) * v)
                                                  for k in terms.blocks)}  # fmt: skip
-            if fsdp:  # a block's gradients on their way to the reduce-scatter
+            if fsdp:  # NOTE [ The peaks of a DiT step ]: what FSDP adds at the first block's backward
                 items["reduce-scatter"] = 2 * self.params.block
+                items["block gradients"] = 2 * self.params.block
+                items["outside the blocks"] = outside
             phase = "end of backward"
             fwd = sum(items.values())
         opt = base - static.get("gathered", 0) + 2 * static["gradients"]  # and AdamW's foreach temporary

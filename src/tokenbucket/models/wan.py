@@ -21,9 +21,8 @@ and each adapter keeps its rank-``r`` middle: ``40.125 D + 2 ffn + 12 r`` and ``
 tensors autograd saves in diffusers' own block (1 and 2 blocks, two token counts, two widths and
 two MLP widths). Outside the blocks the head's fp32 norm and modulation and the fp32 loss keep
 about ``16 D`` a video token. Under checkpointing a block keeps its bf16 input (``2 D``); its
-backward's working set, fitted to the measured peaks, is ``120 D`` a token unsharded and ``72 D``
-under FSDP (where the peak falls at another point of the first block's backward: the gradients
-are sharded, so they no longer outweigh the activations).
+backward's working set, fitted to the measured peaks, is ``120 D`` a token unsharded and ``60 D``
+under FSDP (NOTE [ The peaks of a DiT step ] in :mod:`tokenbucket.cost.dit`).
 
 Example:
     >>> from tokenbucket.models._dit import DiTConfig
@@ -168,7 +167,7 @@ class Wan(VideoDiT):
             video, text = 40.125 * D + 2 * ffn + 12 * lora_rank + 36, 8 * D + 4 * lora_rank + 4
         else:
             video, text = 68.125 * D + 4 * ffn + 36, 12 * D + 4
-        block = BlockTerms(d["layers"], video, text, checkpoint=2 * D, backward=120 * D, fsdp_backward=72 * D)
+        block = BlockTerms(d["layers"], video, text, checkpoint=2 * D, backward=120 * D, fsdp_backward=60 * D)
         return StepTerms((block,), outside=16 * D, outside_text=4 * D)
 
     def inputs(

@@ -39,6 +39,8 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -102,6 +104,14 @@ class VideoPlan:
         if any(b.step_seconds is None for b in self.buckets if b.batch_size):
             return None
         return float(sum(b.steps * (b.step_seconds or 0.0) for b in self.buckets if b.batch_size))
+
+    @property
+    def plan_id(self) -> str:
+        """A content hash of the plan and its assignment (the sampler's ``plan_id``: part of its
+        seed, and of its state, so a resumed run refuses another plan)."""
+        digest = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode())
+        digest.update(np.ascontiguousarray(self.assignment, dtype=np.int64).tobytes())
+        return digest.hexdigest()[:16]
 
     def to_opensora(self) -> dict[str, dict[str, list[float]]]:
         """The plan as an Open-Sora ``bucket_config``: ``{"HxW": {frames: [keep probability,
