@@ -15,6 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from tokenbucket._exceptions import ConfigError
 from tokenbucket.cli.main import main
 from tokenbucket.cost.dit import DiTCostModel, DiTSetup
 from tokenbucket.cost.gpus import gpu_budget_bytes
@@ -186,3 +187,47 @@ def test_video_plan_cli_flags_go_with_a_video_dit_only(tmp_path: Path, capsys: p
     code, _, err = _cli(capsys, "plan", str(meta), "--hf-config", str(pipe), "--gpu", "H100-SXM", "--out",
                         str(tmp_path / "o.parquet"), "--mode", "dynamic")  # fmt: skip
     assert code == 2 and "--mode plan by token lengths" in err and len(err.strip().splitlines()) == 1
+
+
+def test_views_laid_along_time_are_one_sequence_of_the_transformer_and_as_a_batch_a_larger_batch() -> None:
+    """NOTE [ Views of a sample ]: three cameras' latents one after the other along the latent time
+    axis are the sequence diffusers' Wan forward sees; as a batch of views, three sequences."""
+    diffusers = pytest.importorskip("diffusers")
+    from tokenbucket.models import dit_family
+
+    t = {**WAN, "num_attention_heads": 2, "attention_head_dim": 16, "ffn_dim": 32, "num_layers": 1, "text_dim": 16}
+    cfg = DiTConfig("tiny", "WanTransformer3DModel", t, VAEFactors(4, 8, 16, "x"))
+    fam = dit_family(cfg.class_name)
+    clip = fam.latents(cfg, 33, 96, 160)
+    laid, per_sample = fam.laid_views(cfg, clip, 3)
+    assert per_sample == 1 and laid.tokens == 3 * clip.tokens and laid.frames == 3 * clip.frames
+    seen: list[int] = []
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = diffusers.WanTransformer3DModel.from_config({k: v for k, v in t.items() if not k.startswith("_")})
+        model.blocks[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[1]))
+        model(**{k: v for k, v in fam.inputs(cfg, 1, laid, 8, torch.float32).items() if k != "target"})
+    assert seen == [laid.tokens]
+    cost = DiTCostModel(cfg)
+    time_laid = cost.sample_memory(2, frames=33, height=96, width=160, text_tokens=8, views=3)
+    assert time_laid.peak_bytes == cost.memory(2, 3 * clip.tokens, 8).peak_bytes
+    batched = cost.sample_memory(2, frames=33, height=96, width=160, text_tokens=8, views=3, view_layout="batch")
+    assert batched.peak_bytes == cost.memory(6, clip.tokens, 8).peak_bytes and batched.sequences_per_sample == 3
+
+
+@pytest.mark.parametrize("layout", ["time", "batch"])
+def test_video_plan_of_multi_view_samples_fits_each_sample_with_all_its_views(layout: str) -> None:
+    table = clips(200).append_column("cameras", pa.array(np.random.default_rng(1).choice([1, 3, 6], 200)))
+    cost, budget = DiTCostModel(CFG, DiTSetup(checkpointing=True)), gpu_budget_bytes("H100-SXM")
+    plan = plan_video_buckets(table, cost, budget, view_layout=layout)
+    cams = table.column("cameras").to_numpy()
+    assert {b.views for b in plan.buckets} == {1, 3, 6}
+    for row, b in enumerate(plan.assignment.tolist()):
+        if b >= 0:
+            bucket = plan.buckets[b]
+            assert bucket.views == cams[row]
+            est = cost.sample_memory(bucket.batch_size, frames=bucket.frames, height=bucket.height,
+                                     width=bucket.width, text_tokens=bucket.text_tokens, views=bucket.views,
+                                     view_layout=layout)  # fmt: skip
+            assert est.peak_bytes <= budget
+    with pytest.raises(ConfigError, match="several views"):
+        plan.to_opensora()

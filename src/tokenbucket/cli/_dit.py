@@ -24,7 +24,7 @@ from tokenbucket.models._dit import DiTConfig, is_pipeline, read_pipeline
 __all__ = ["BAND", "dit_cost_from_args", "dit_sample", "is_dit", "run_dit_cost", "run_dit_profile"]
 
 BAND = (-3.0, 7.0)  # the cost model's band around the measured peak, in percent
-SAMPLE_KEYS = ("videos", "frames", "height", "width", "text_tokens")
+SAMPLE_KEYS = ("videos", "cameras", "views", "view_layout", "frames", "height", "width", "text_tokens")
 # flags of a VLM's step that a video DiT's does not have
 NOT_DIT = ("vision_checkpointing", "ddp_bucket_view", "loop", "use_cache", "video_processor")
 
@@ -70,9 +70,10 @@ def dit_cost_from_args(args: argparse.Namespace) -> tuple[DiTConfig, DiTCostMode
         ) from None
 
 
-def dit_sample(text: str | None) -> dict[str, int]:
-    """``--sample`` for a video DiT: ``frames``, ``height``, ``width``, ``text_tokens`` (and
-    ``videos``: 1, one clip a sample)."""
+def dit_sample(text: str | None) -> dict[str, Any]:
+    """``--sample`` for a video DiT: ``frames``, ``height``, ``width``, ``text_tokens``, and
+    ``videos`` (or ``cameras``, ``views``: one clip a camera, laid as ``view_layout`` says,
+    NOTE [ Views of a sample ])."""
     if text is None:
         raise UsageError(
             'a video DiT needs --sample \'{"videos": 1, "frames": F, "height": H, "width": W, "text_tokens": T}\''
@@ -84,17 +85,21 @@ def dit_sample(text: str | None) -> dict[str, int]:
     for key in ("frames", "height", "width"):
         if key not in data:
             raise UsageError(f"--sample needs {key!r} for a video DiT (one clip's frames, height and width)")
+    views = [k for k in ("videos", "cameras", "views") if k in data]
+    if len(views) > 1:
+        raise UsageError(f"--sample gives {' and '.join(views)}: the same count (one clip a camera), give one")
+    layout = data.pop("view_layout", "time")
+    if layout not in ("time", "batch"):
+        raise UsageError(f"--sample view_layout should be 'time' or 'batch', got {layout!r}")
     for key, value in data.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "text_tokens" else 1):
             raise UsageError(f"--sample {key} should be a positive integer, got {value!r}")
-    if data.get("videos", 1) != 1:
-        raise UsageError(
-            f"--sample videos={data['videos']}: a video DiT's sample is one clip (several views are not laid out yet)"
-        )
-    return {k: int(data.get(k, 0)) for k in ("frames", "height", "width", "text_tokens")}
+    out: dict[str, Any] = {k: int(data.get(k, 0)) for k in ("frames", "height", "width", "text_tokens")}
+    out.update(views=int(data[views[0]]) if views else 1, view_layout=layout)
+    return out
 
 
-def _estimate(cost: DiTCostModel, batch: int, sample: dict[str, int]) -> DiTEstimate:
+def _estimate(cost: DiTCostModel, batch: int, sample: dict[str, Any]) -> DiTEstimate:
     try:
         return cost.sample_memory(batch, **sample)
     except ConfigError as exc:
@@ -108,7 +113,8 @@ def _json(cfg: DiTConfig, cost: DiTCostModel, est: DiTEstimate, batch: int, budg
         "vae": {"temporal": cfg.vae.temporal, "spatial": cfg.vae.spatial, "channels": cfg.vae.channels,
                 "source": cfg.vae.source},
         "params": cost.params.total, "train": s.train, "checkpointing": s.checkpointing, "sharding": s.sharding,
-        "world_size": s.world_size, "batch": batch, "video_tokens": est.video_tokens, "text_tokens": est.text_tokens,
+        "world_size": s.world_size, "batch": batch, "sequences_per_sample": est.sequences_per_sample,
+        "video_tokens": est.video_tokens, "text_tokens": est.text_tokens,
         "peak_bytes": est.peak_bytes, "phase": est.phase, "items": est.items,
     }  # fmt: skip
     if budget is not None:
@@ -117,7 +123,7 @@ def _json(cfg: DiTConfig, cost: DiTCostModel, est: DiTEstimate, batch: int, budg
 
 
 def _max_batch(cost: DiTCostModel, est: DiTEstimate, budget: int) -> int:
-    return cost.max_batch(est.video_tokens, est.text_tokens, budget)
+    return cost.max_batch(est.video_tokens, est.text_tokens, budget) // est.sequences_per_sample
 
 
 def run_dit_cost(args: argparse.Namespace) -> int:
@@ -167,10 +173,13 @@ def run_dit_profile(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError(f"a video DiT needs diffusers: pip install 'tokenbucket[diffusers]' ({exc})") from None
     s = cost.setup
+    if sample["views"] != 1:
+        raise UsageError(f"--sample views={sample['views']}: profile measures one view a sample (cost prices several)")
+    clip = {k: sample[k] for k in ("frames", "height", "width", "text_tokens")}
     run = profile_dit(cfg, batch=args.batch, train=s.train, lora_rank=s.lora_rank, checkpointing=s.checkpointing,
                       sharding=s.sharding if s.sharding == "fsdp" else "none",
                       world_size=s.world_size if s.sharding == "fsdp" else 1, steps=args.steps or 2,
-                      **sample)  # fmt: skip
+                      **clip)  # fmt: skip
     err = 100.0 * (est.peak_bytes - run.peak_bytes) / run.peak_bytes
     within = BAND[0] <= err <= BAND[1]
     if args.json:

@@ -32,7 +32,7 @@ __all__ = ["add_video_flags", "refuse_video_flags", "run_bucket_config", "run_di
 
 # -- plan ----------------------------------------------------------------------------------------
 
-VIDEO_FLAGS = ("frame_buckets", "sizes", "export")
+VIDEO_FLAGS = ("frame_buckets", "sizes", "export", "view_layout")
 PLAN_FOOTER = b"tokenbucket.video_plan"
 # plan flags of the length planner that a video DiT's plan does not take: (attribute, default)
 _LENGTH_ONLY = (
@@ -61,6 +61,12 @@ def add_video_flags(parser: argparse.ArgumentParser) -> None:
         nargs=2,
         metavar=("FORMAT", "PATH"),
         help="also write the plan as FORMAT to PATH (a new file): opensora (Open-Sora's bucket_config JSON)",
+    )
+    video.add_argument(
+        "--view-layout",
+        choices=["time", "batch"],
+        help="a sample's cameras (a cameras or views column) laid along the latent time axis, one sequence "
+        "(default), or as a batch of views",
     )
 
 
@@ -148,7 +154,7 @@ def run_dit_plan(args: argparse.Namespace) -> int:
     sources = [Path(m) for m in args.metadata]
     table = read_metadata(sources)
     plan = plan_video_buckets(table, cost, budget, frame_buckets=frames, sizes=sizes,
-                              gpu=getattr(args, "gpu", None), where=", ".join(map(str, args.metadata)))  # fmt: skip
+                              gpu=getattr(args, "gpu", None), view_layout=args.view_layout or "time", where=", ".join(map(str, args.metadata)))  # fmt: skip
     if plan.rejected and args.on_oversize == "error":
         row, why = plan.rejected[0]
         raise UsageError(
@@ -182,10 +188,11 @@ def run_dit_plan(args: argparse.Namespace) -> int:
         f"{len(plan.rejected):,} rejected; train {s.train}{', checkpointing' if s.checkpointing else ''}, "
         f"sharding {s.sharding} x {s.world_size}; budget {_gib(budget)}"
     )
-    print(f"  {'frames':>6} {'size':>11} {'clips':>7} {'batch':>6} {'tokens':>9} {'peak':>12} {'step s':>8}")
+    print(f"  {'frames':>6} {'size':>13} {'samples':>7} {'batch':>6} {'tokens':>9} {'peak':>12} {'step s':>8}")
     for x in plan.buckets:
         step = f"{x.step_seconds:.2f}" if x.step_seconds is not None else "-"
-        print(f"  {x.frames:>6} {f'{x.height}x{x.width}':>11} {x.samples:>7,} {x.batch_size:>6} "
+        size = f"{x.height}x{x.width}" + (f"x{x.views}v" if x.views > 1 else "")
+        print(f"  {x.frames:>6} {size:>13} {x.samples:>7,} {x.batch_size:>6} "
               f"{x.video_tokens:>9,} {_gib(x.peak_bytes):>12} {step:>8}")  # fmt: skip
     if plan.epoch_seconds is not None:
         print(f"  predicted epoch on one rank: {plan.epoch_seconds:,.0f} s")

@@ -44,6 +44,7 @@ family's ``fsdp_backward``). These last terms are fitted to Wan's measured peaks
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +97,7 @@ class DiTEstimate:
     text_tokens: int
     phase: str
     notes: tuple[str, ...] = field(default_factory=tuple)
+    sequences_per_sample: int = 1  # a sample's views laid as a batch (NOTE [ Views of a sample ])
 
     def to_dict(self) -> dict[str, Any]:
         return {"peak_bytes": self.peak_bytes, "items": dict(self.items), "video_tokens": self.video_tokens,
@@ -238,11 +240,17 @@ class DiTCostModel:
                 hi = mid
         return lo
 
-    def sample_memory(self, batch: int, *, frames: int, height: int, width: int, text_tokens: int) -> DiTEstimate:
-        """:meth:`memory` for ``batch`` clips of ``frames`` frames of ``height x width`` (the
-        family's own latent and patch rule) and ``text_tokens`` cached text states."""
+    def sample_memory(
+        self, batch: int, *, frames: int, height: int, width: int, text_tokens: int, views: int = 1,
+        view_layout: str = "time",
+    ) -> DiTEstimate:  # fmt: skip
+        """:meth:`memory` for ``batch`` samples of ``views`` clips (cameras) of ``frames`` frames of
+        ``height x width`` (the family's own latent and patch rule; the views laid as
+        ``view_layout`` says, NOTE [ Views of a sample ]) and ``text_tokens`` cached text states."""
         latents = self.family.latents(self.cfg, frames, height, width)
-        return self.memory(batch, latents.tokens, self.family.text_tokens(self.cfg, text_tokens))
+        laid, per_sample = self.family.laid_views(self.cfg, latents, views, view_layout)
+        est = self.memory(batch * per_sample, laid.tokens, self.family.text_tokens(self.cfg, text_tokens))
+        return dataclasses.replace(est, sequences_per_sample=per_sample)
 
 
 def _ceil_div(n: int, d: int) -> int:

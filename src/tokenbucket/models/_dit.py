@@ -10,6 +10,14 @@ refuses), the transformer's patch sizes, how the text it conditions on meets the
 (cross-attention, or joined into one sequence), and the inputs its ``forward`` takes for the
 measured mode. :func:`read_pipeline` reads either form into a :class:`DiTConfig`.
 
+NOTE [ Views of a sample ]: a multi-view world model feeds a sample's cameras to one transformer
+in one of two ways. Laid along the latent time axis (``time``: each view's latents one after the
+other, ``[C, V x F', H', W']``, as Cosmos's multi-view models and the multi-camera driving world
+models built on Wan lay them) the views are one sequence of ``V x tokens`` that attends across
+cameras, and attention grows with ``V^2``; laid as a batch of views (``batch``: ``[B x V, C, F',
+H', W']``) each view is its own sequence and the batch grows ``V``-fold. The cost model and the
+planner price the layout given (``time`` by default).
+
 NOTE [ Video DiT tokens ]: one clip of ``F`` frames of ``H x W`` becomes latents ``[C, F', H',
 W']`` by the VAE (``F' = (F - 1) / t + 1`` for the causal video VAEs of Wan, CogVideoX,
 HunyuanVideo, LTX-Video and Cosmos; ``H' = H / s``), and the transformer cuts them into ``p_t x p
@@ -196,6 +204,17 @@ class VideoDiT:
     def text_tokens(self, cfg: DiTConfig, text_tokens: int) -> int:
         """The text positions the transformer attends for a cached prompt of ``text_tokens``."""
         return text_tokens
+
+    def laid_views(self, cfg: DiTConfig, latents: Latents, views: int, layout: str = "time") -> tuple[Latents, int]:
+        """``views`` cameras of one sample as the model is fed them (NOTE [ Views of a sample ]):
+        ``(the latents of one sequence, sequences per sample)``."""
+        if isinstance(views, bool) or not isinstance(views, int) or views < 1:
+            raise ConfigError(f"views should be a positive integer, but got views={views!r}")
+        if layout == "batch":
+            return latents, views
+        if layout != "time":
+            raise ConfigError(f"a view layout should be 'time' or 'batch', but got {layout!r}")
+        return Latents(latents.frames * views, latents.height, latents.width, latents.tokens * views), 1
 
     # -- the cost model --------------------------------------------------------------------------
 

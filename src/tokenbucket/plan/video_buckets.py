@@ -68,7 +68,8 @@ _MULTIPLES = (8, 16, 32, 64, 128)
 
 @dataclass(frozen=True)
 class VideoBucket:
-    """One bucket: clips cut to ``frames x height x width`` with ``text_tokens`` (their most),
+    """One bucket: samples of ``views`` clips (cameras; NOTE [ Views of a sample ]) cut to
+    ``frames x height x width`` with ``text_tokens`` (their most),
     ``batch_size`` of them a step (0: not even one fits), ``samples`` clips in it; the step's
     ``video_tokens`` a clip, predicted ``peak_bytes`` at that batch and ``step_seconds`` (``None``
     without a GPU)."""
@@ -82,6 +83,7 @@ class VideoBucket:
     video_tokens: int
     peak_bytes: int
     step_seconds: float | None = None
+    views: int = 1
 
     @property
     def steps(self) -> int:
@@ -117,6 +119,10 @@ class VideoPlan:
         """The plan as an Open-Sora ``bucket_config``: ``{"HxW": {frames: [keep probability,
         batch size]}}``, every clip kept (probability 1.0); buckets that fit nothing are left out."""
         out: dict[str, dict[str, list[float]]] = {}
+        if any(b.views > 1 for b in self.buckets):
+            raise ConfigError(
+                "an Open-Sora bucket_config has one clip a sample: this plan's samples hold several views"
+            )
         for b in self.buckets:
             if b.batch_size:
                 out.setdefault(f"{b.height}x{b.width}", {})[str(b.frames)] = [1.0, b.batch_size]
@@ -170,15 +176,21 @@ def plan_video_buckets(
     frame_buckets: Sequence[int] = FRAME_BUCKETS,
     sizes: Sequence[tuple[int, int]] | None = None,
     gpu: str | GPU | None = None,
+    view_layout: str = "time",
     where: str = "metadata",
 ) -> VideoPlan:
-    """Every clip of ``clips`` (columns ``frames``, ``height``, ``width``, and ``text_tokens``
-    when the text states vary) in its bucket (NOTE [ Video buckets ]), each bucket with the
-    largest batch ``cost`` fits in ``budget_bytes``; with ``gpu``, each bucket's step seconds."""
+    """Every sample of ``clips`` (columns ``frames``, ``height``, ``width``; ``text_tokens`` when
+    the text states vary; ``cameras`` or ``views`` when a sample holds several views, laid as
+    ``view_layout`` says, NOTE [ Views of a sample ]) in its bucket (NOTE [ Video buckets ]), each
+    bucket with the largest batch ``cost`` fits in ``budget_bytes``; with ``gpu``, its step seconds."""
     frames = _column(clips, "frames", where)
     heights = _column(clips, "height", where)
     widths = _column(clips, "width", where)
     text = _column(clips, "text_tokens", where) if "text_tokens" in clips.column_names else np.zeros_like(frames)
+    named = [c for c in ("views", "cameras") if c in clips.column_names]
+    if len(named) > 1:
+        raise ConfigError(f"{where}: columns 'views' and 'cameras' both count a sample's views: give one")
+    views = _column(clips, named[0], where) if named else np.ones_like(frames)
     fb = np.array(sorted(set(int(f) for f in frame_buckets)), dtype=np.int64)
     if not fb.size or fb.min() < 1:
         raise ConfigError(f"frame buckets should be positive integers, but got {list(frame_buckets)}")
@@ -189,7 +201,7 @@ def plan_video_buckets(
         bh, bw = heights // m * m, widths // m * m
     else:
         bh, bw = _fit_sizes(heights, widths, sizes)
-    shapes: dict[tuple[int, int, int], list[int]] = {}
+    shapes: dict[tuple[int, int, int, int], list[int]] = {}
     rejected: list[tuple[int, str]] = []
     for row in range(len(frames)):
         f, h, w = int(bucket_frames[row]), int(bh[row]), int(bw[row])
@@ -198,32 +210,34 @@ def plan_video_buckets(
         elif h == 0 or w == 0:
             rejected.append((row, f"{int(heights[row])} x {int(widths[row])}: smaller than every bucket size"))
         else:
-            shapes.setdefault((f, h, w), []).append(row)
+            shapes.setdefault((f, h, w, int(views[row])), []).append(row)
     buckets: list[VideoBucket] = []
     assignment = np.full(len(frames), -1, dtype=np.int64)
-    for f, h, w in sorted(shapes):
-        rows = shapes[(f, h, w)]
+    for f, h, w, v in sorted(shapes):
+        rows = shapes[(f, h, w, v)]
         t = int(text[rows].max())
+        name = f"bucket {f} x {h} x {w}" + (f" x {v} views" if v > 1 else "")
         try:
-            latents = cost.family.latents(cost.cfg, f, h, w)
+            clip = cost.family.latents(cost.cfg, f, h, w)
+            latents, per_sample = cost.family.laid_views(cost.cfg, clip, v, view_layout)
         except ConfigError as exc:
-            rejected.extend((r, f"bucket {f} x {h} x {w}: {exc}") for r in rows)
+            rejected.extend((r, f"{name}: {exc}") for r in rows)
             continue
         text_tokens = cost.family.text_tokens(cost.cfg, t)
-        batch = cost.max_batch(latents.tokens, text_tokens, budget_bytes)
-        est = cost.memory(max(batch, 1), latents.tokens, text_tokens)
+        batch = cost.max_batch(latents.tokens, text_tokens, budget_bytes) // per_sample  # samples, not sequences
+        est = cost.memory(max(batch, 1) * per_sample, latents.tokens, text_tokens)
         seconds = None
         if gpu is not None and batch:
-            seconds = cost.step_seconds(batch, latents.tokens, text_tokens, gpu).total
+            seconds = cost.step_seconds(batch * per_sample, latents.tokens, text_tokens, gpu).total
         if batch == 0:
             reason = (
-                f"bucket {f} x {h} x {w}: predicted {est.peak_bytes / 2**30:.1f} GiB at batch 1, over the budget "
+                f"{name}: predicted {est.peak_bytes / 2**30:.1f} GiB at batch 1, over the budget "
                 f"of {budget_bytes / 2**30:.1f} GiB"
             )
             rejected.extend((r, reason) for r in rows)
         else:
             assignment[rows] = len(buckets)
-        buckets.append(VideoBucket(f, h, w, t, batch, len(rows), latents.tokens, est.peak_bytes, seconds))
+        buckets.append(VideoBucket(f, h, w, t, batch, len(rows), latents.tokens, est.peak_bytes, seconds, v))
     rejected.sort()
     return VideoPlan(tuple(buckets), assignment, rejected, budget_bytes)
 
