@@ -13,9 +13,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from tokenbucket.train.accelerate import prepare_loader
-from tokenbucket.train.batch import Batch
-from tokenbucket.train.sampler import BucketBatchSampler, plan_id_of
+from tokenbucket import Batch, BucketBatchSampler, plan_id_of, prepare_loader
 
 
 def collate(ids: list[int]) -> Batch:

@@ -22,9 +22,15 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.plan.buckets import plan_buckets
-from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
+from tokenbucket import (
+    BucketCollate,
+    CostModel,
+    ModelSpec,
+    TokenBucketDataset,
+    TokenSpec,
+    breakdown_table,
+    plan_buckets,
+)
 
 HIDDEN = 16
 CLASSES = 4

@@ -19,11 +19,17 @@ import torch
 import transformers
 from torch import nn
 
-from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket import (
+    BucketCollate,
+    BucketTrainer,
+    CostModel,
+    ModelSpec,
+    TokenBucketDataset,
+    TokenSpec,
+    breakdown_table,
+    plan_buckets,
+)
 from tokenbucket.testing import RandomTokens
-from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
-from tokenbucket.train.hf_trainer import BucketTrainer
 
 HIDDEN = 16
 SPEC = TokenSpec(patch=56)  # 224 px -> 16 tokens a frame, 336 px -> 36

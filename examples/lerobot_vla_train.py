@@ -24,18 +24,18 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from tokenbucket import (
+    Batch,
     BucketMonitor,
     CostModel,
+    CountRule,
     ModalityCollate,
     ModelSpec,
+    TokenBucketDataset,
     TokenSpec,
     breakdown_table,
     format_summary,
+    plan_buckets,
 )
-from tokenbucket.plan.buckets import plan_buckets
-from tokenbucket.tokens.spec import CountRule
-from tokenbucket.train.batch import Batch
-from tokenbucket.train.collate import TokenBucketDataset
 
 HIDDEN = 32
 PATCH = 16  # 48 px -> 3x3 patches a frame, 64 px -> 4x4

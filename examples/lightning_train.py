@@ -20,12 +20,18 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.monitor.hooks import BucketMonitor
-from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket import (
+    BucketCollate,
+    BucketMonitor,
+    BucketSamplerCallback,
+    CostModel,
+    ModelSpec,
+    TokenBucketDataset,
+    TokenSpec,
+    breakdown_table,
+    plan_buckets,
+)
 from tokenbucket.testing import RandomTokens
-from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
-from tokenbucket.train.lightning import BucketSamplerCallback
 
 HIDDEN = 16
 SPEC = TokenSpec(patch=56)  # 224 px -> 16 tokens a frame, 336 px -> 36

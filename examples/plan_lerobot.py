@@ -19,10 +19,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table, gpu_budget_bytes
-from tokenbucket.plan.buckets import plan_buckets
-from tokenbucket.tokens.lerobot import lerobot_rows, read_lerobot_metadata
-from tokenbucket.tokens.lerobot_mix import lerobot_mixture
+from tokenbucket import (
+    CostModel,
+    ModelSpec,
+    TokenSpec,
+    breakdown_table,
+    gpu_budget_bytes,
+    lerobot_mixture,
+    lerobot_rows,
+    plan_buckets,
+    read_lerobot_metadata,
+)
 
 SHARED_INFO = Path(__file__).resolve().parents[2] / "shared" / "data" / "lerobot" / "svla_so100_pickplace.json"
 

@@ -24,14 +24,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tokenbucket.cost.gpus import get_gpu, gpu_budget_bytes
-from tokenbucket.cost.lerobot_plan import PolicyLengthModel
-from tokenbucket.cost.lerobot_policy import LeRobotPolicy
-from tokenbucket.plan.bucket_plan import BucketPlan
-from tokenbucket.plan.buckets import plan_buckets
-from tokenbucket.tokens.breakdown import breakdown_table
-from tokenbucket.tokens.lerobot import read_lerobot_metadata
-from tokenbucket.tokens.lerobot_mix import lerobot_mixture
+from tokenbucket import (
+    BucketPlan,
+    LeRobotPolicy,
+    PolicyLengthModel,
+    breakdown_table,
+    get_gpu,
+    gpu_budget_bytes,
+    lerobot_mixture,
+    plan_buckets,
+    read_lerobot_metadata,
+)
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "lerobot"
 EMBODIMENTS = {"so100": "svla_so100_pickplace.json", "libero": "libero.json", "pusht": "pusht.json"}

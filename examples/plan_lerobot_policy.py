@@ -12,8 +12,7 @@ the policy runs; for a LeRobot mixture's batch size per bucket see plan_lerobot_
 
 from __future__ import annotations
 
-from tokenbucket.cost.gpus import get_gpu, gpu_budget_bytes
-from tokenbucket.cost.lerobot_policy import LeRobotPolicy
+from tokenbucket import LeRobotPolicy, get_gpu, gpu_budget_bytes
 
 GPU = "H100-SXM"
 # (policy, setup, LeRobot flags): SmolVLA's published default trains the expert only

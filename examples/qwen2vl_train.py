@@ -21,10 +21,16 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from tokenbucket import CostModel, ModalityCollate, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.plan.buckets import plan_buckets
-from tokenbucket.train.batch import Batch
-from tokenbucket.train.collate import TokenBucketDataset
+from tokenbucket import (
+    Batch,
+    CostModel,
+    ModalityCollate,
+    ModelSpec,
+    TokenBucketDataset,
+    TokenSpec,
+    breakdown_table,
+    plan_buckets,
+)
 
 HIDDEN = 32
 PATCH, TEMPORAL, MERGE = 14, 2, 2

@@ -23,11 +23,17 @@ import webdataset as wds
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tokenbucket import BucketMonitor, CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.monitor.stats import format_summary
-from tokenbucket.plan.buckets import plan_buckets
-from tokenbucket.stream.dataset import StreamCollate
-from tokenbucket.stream.wds import index_shards
+from tokenbucket import (
+    BucketMonitor,
+    CostModel,
+    ModelSpec,
+    StreamCollate,
+    TokenSpec,
+    breakdown_table,
+    format_summary,
+    index_shards,
+    plan_buckets,
+)
 from tokenbucket.testing import mixture_a
 
 HIDDEN = 16

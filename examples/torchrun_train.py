@@ -31,10 +31,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket import (
+    BucketCollate,
+    CostModel,
+    ModelSpec,
+    TokenBucketDataset,
+    TokenSpec,
+    breakdown_table,
+    plan_buckets,
+)
 from tokenbucket.testing import RandomTokens
-from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
 
 HIDDEN = 16
 

@@ -24,16 +24,19 @@ import torch
 import transformers
 from torch.utils.data import DataLoader, Dataset
 
-from tokenbucket import TokenSpec
-from tokenbucket.cost.hf_model import staged_from_config
-from tokenbucket.cost.staged import Sample, StagedCostModel
-from tokenbucket.cost.staged_length import StagedLengthModel
-from tokenbucket.cost.staged_packed import StagedPackedModel
-from tokenbucket.plan.packing_2d import plan_packing_2d
-from tokenbucket.tokens.hf import HFConfig
-from tokenbucket.train.collate import TokenBucketDataset
-from tokenbucket.train.packed_modal import PackedModalityCollate
-from tokenbucket.train.packing_2d import PackedBatchSampler2D
+from tokenbucket import (
+    HFConfig,
+    PackedBatchSampler2D,
+    PackedModalityCollate,
+    Sample,
+    StagedCostModel,
+    StagedLengthModel,
+    StagedPackedModel,
+    TokenBucketDataset,
+    TokenSpec,
+    plan_packing_2d,
+    staged_from_config,
+)
 
 SAMPLES, EPOCHS, BUDGET = 48, 2, 4 * 2**20
 IMAGE, VIDEO, START, END, WORDS = 100, 101, 102, 103, 96  # placeholder / marker ids; text ids below 96

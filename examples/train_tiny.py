@@ -18,12 +18,18 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tokenbucket import CostModel, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.monitor.hooks import BucketMonitor
-from tokenbucket.monitor.stats import format_summary
-from tokenbucket.plan.buckets import plan_buckets
+from tokenbucket import (
+    BucketCollate,
+    BucketMonitor,
+    CostModel,
+    ModelSpec,
+    TokenBucketDataset,
+    TokenSpec,
+    breakdown_table,
+    format_summary,
+    plan_buckets,
+)
 from tokenbucket.testing import RandomTokens
-from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
 
 HIDDEN = 32
 

@@ -33,11 +33,17 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-from tokenbucket import CostModel, ModalityCollate, ModelSpec, TokenSpec, breakdown_table
-from tokenbucket.models.qwen2_vl import smart_resize as qwen_resize
-from tokenbucket.plan.buckets import plan_buckets
-from tokenbucket.tokens.hf import token_spec_from_hf
-from tokenbucket.train.collate import TokenBucketDataset
+from tokenbucket import (
+    CostModel,
+    ModalityCollate,
+    ModelSpec,
+    TokenBucketDataset,
+    TokenSpec,
+    breakdown_table,
+    plan_buckets,
+    token_spec_from_hf,
+)
+from tokenbucket import smart_resize as qwen_resize
 
 HIDDEN, LAYERS, HEADS, KV_HEADS = 32, 2, 4, 2
 PATCH, TEMPORAL, MERGE = 14, 2, 2

@@ -49,10 +49,17 @@ from tokenbucket._exceptions import (
 # NOTE [ Lazy public API ]
 # Each name is imported from its module on first use, so a process that needs one stage (a
 # sampler in a training job, the cost model in a notebook) does not pay for the others'
-# imports (pyarrow alone is ~27 MiB; see benchmarks/bench_sampler.py).
+# imports (pyarrow alone is ~27 MiB; see benchmarks/bench_sampler.py). The names whose module needs an
+# optional extra (the trainer integrations, profile_dit) are here too: `import tokenbucket` imports
+# none of them, and the extra is needed only by the first use of such a name
+# (tests/test_public_api.py holds both, and that examples and guides import from here).
 _LAZY = {
+    "DiTConfig": "models",
+    "read_pipeline": "models",
+    "smart_resize": "models.qwen2_vl",
     "LeRobotSource": "tokens.lerobot_mix",
     "lerobot_mixture": "tokens.lerobot_mix",
+    "split_mixture_key": "tokens.lerobot_mix",
     "Batch": "train.batch",
     "FrozenFieldError": "train.batch",
     "ModalityCollate": "train.modal",
@@ -68,6 +75,9 @@ _LAZY = {
     "breakdown_sample": "tokens.breakdown",
     "breakdown_table": "tokens.breakdown",
     "lerobot_rows": "tokens.lerobot",
+    "read_lerobot_metadata": "tokens.lerobot",
+    "HFConfig": "tokens.hf",
+    "token_spec_from_hf": "tokens.hf",
     "ModelSpec": "cost.model",
     "CostModel": "cost.memory",
     "FlopsEstimate": "cost.memory",
@@ -85,6 +95,21 @@ _LAZY = {
     "calibrate_log": "monitor.calibrate",
     "MeasuredCostModel": "cost.profile",
     "profile_memory": "cost.profile",
+    "ReferenceTransformer": "cost.reference",
+    "StagedModel": "cost.hf_model",
+    "load_hf_config": "cost.hf_model",
+    "staged_from_config": "cost.hf_model",
+    "Sample": "cost.staged",
+    "StagedCostModel": "cost.staged",
+    "TrainSetup": "cost.staged",
+    "StagedLengthModel": "cost.staged_length",
+    "StagedPackedModel": "cost.staged_packed",
+    "LeRobotPolicy": "cost.lerobot_policy",
+    "PolicyLengthModel": "cost.lerobot_plan",
+    "DiTCostModel": "cost.dit",
+    "DiTEstimate": "cost.dit",
+    "DiTSetup": "cost.dit",
+    "profile_dit": "cost.dit_profile",  # imports diffusers and peft: only on first use
     "Bucket": "plan.bucket_plan",
     "BucketPlan": "plan.bucket_plan",
     "LengthHistogram": "plan.bucket_plan",
@@ -92,6 +117,11 @@ _LAZY = {
     "plan_buckets": "plan.buckets",
     "plan_buckets_2d": "plan.buckets_2d",
     "plan_from_bounds": "plan.buckets",
+    "plan_packing_2d": "plan.packing_2d",
+    "VideoBucket": "plan.video_buckets",
+    "VideoPlan": "plan.video_buckets",
+    "check_bucket_config": "plan.video_buckets",
+    "plan_video_buckets": "plan.video_buckets",
     "Manifest": "plan.manifest",
     "build_manifest": "plan.manifest",
     "load_manifest": "plan.manifest",
@@ -101,6 +131,8 @@ _LAZY = {
     "BucketCollate": "train.collate",
     "TokenBucketDataset": "train.collate",
     "BucketBatchSampler": "train.sampler",
+    "plan_id_of": "train.sampler",
+    "PackedBatchSampler2D": "train.packing_2d",
     "PackedBatchSampler": "train.packing",
     "PackedCollate": "train.packing",
     "PackedModalityCollate": "train.packed_modal",
@@ -109,9 +141,15 @@ _LAZY = {
     "RiskSplitSampler": "train.risk",
     "WarmupRecord": "train.warmup",
     "warm_up": "train.warmup",
+    # the trainer integrations import their optional extra (lightning, accelerate, transformers)
+    "BucketSamplerCallback": "train.lightning",
+    "prepare_loader": "train.accelerate",
+    "tracker_sink": "train.accelerate",
+    "BucketTrainer": "train.hf_trainer",
     "StreamBucketer": "stream.bucketer",
     "BucketedStream": "stream.dataset",
     "StreamCollate": "stream.dataset",
+    "index_shards": "stream.wds",
     "BucketMonitor": "monitor.hooks",
     "format_summary": "monitor.stats",
     "JsonlSink": "monitor.sinks",
@@ -133,12 +171,23 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from tokenbucket.cost.calibration import CalibratedCostModel, Calibration, load_calibration
+    from tokenbucket.cost.dit import DiTCostModel, DiTEstimate, DiTSetup
+    from tokenbucket.cost.dit_profile import profile_dit
     from tokenbucket.cost.gpus import GPU, GPUS, get_gpu, gpu_budget_bytes
+    from tokenbucket.cost.hf_model import StagedModel, load_hf_config, staged_from_config
     from tokenbucket.cost.ledger import ledger_with_whatifs, shape_ledger
+    from tokenbucket.cost.lerobot_plan import PolicyLengthModel
+    from tokenbucket.cost.lerobot_policy import LeRobotPolicy
     from tokenbucket.cost.memory import CostModel, FlopsEstimate, MemoryEstimate
     from tokenbucket.cost.model import ModelSpec
     from tokenbucket.cost.profile import MeasuredCostModel, profile_memory
+    from tokenbucket.cost.reference import ReferenceTransformer
+    from tokenbucket.cost.staged import Sample, StagedCostModel, TrainSetup
+    from tokenbucket.cost.staged_length import StagedLengthModel
+    from tokenbucket.cost.staged_packed import StagedPackedModel
     from tokenbucket.cost.step_time import StepTime
+    from tokenbucket.models import DiTConfig, read_pipeline
+    from tokenbucket.models.qwen2_vl import smart_resize
     from tokenbucket.monitor.calibrate import calibrate_log
     from tokenbucket.monitor.hooks import BucketMonitor
     from tokenbucket.monitor.report import read_events, write_report
@@ -148,21 +197,29 @@ if TYPE_CHECKING:
     from tokenbucket.plan.buckets import check_plan, plan_buckets, plan_from_bounds
     from tokenbucket.plan.buckets_2d import plan_buckets_2d
     from tokenbucket.plan.manifest import Manifest, build_manifest, load_manifest
+    from tokenbucket.plan.packing_2d import plan_packing_2d
+    from tokenbucket.plan.video_buckets import VideoBucket, VideoPlan, check_bucket_config, plan_video_buckets
     from tokenbucket.stream.bucketer import StreamBucketer
     from tokenbucket.stream.dataset import BucketedStream, StreamCollate
+    from tokenbucket.stream.wds import index_shards
     from tokenbucket.tokens.breakdown import Breakdowns, CameraTokens, TokenBreakdown, breakdown_sample, breakdown_table
-    from tokenbucket.tokens.lerobot import lerobot_rows
-    from tokenbucket.tokens.lerobot_mix import LeRobotSource, lerobot_mixture
+    from tokenbucket.tokens.hf import HFConfig, token_spec_from_hf
+    from tokenbucket.tokens.lerobot import lerobot_rows, read_lerobot_metadata
+    from tokenbucket.tokens.lerobot_mix import LeRobotSource, lerobot_mixture, split_mixture_key
     from tokenbucket.tokens.metadata import read_metadata
     from tokenbucket.tokens.spec import CameraSpec, ColumnMap, CountRule, TokenSpec
+    from tokenbucket.train.accelerate import prepare_loader, tracker_sink
     from tokenbucket.train.batch import Batch, BatchInfo, FrozenFieldError, Segment, token_layout
     from tokenbucket.train.collate import BucketCollate, TokenBucketDataset
+    from tokenbucket.train.hf_trainer import BucketTrainer
+    from tokenbucket.train.lightning import BucketSamplerCallback
     from tokenbucket.train.modal import ModalityCollate, ModalityKeys
     from tokenbucket.train.packed_modal import PackedModalityCollate
     from tokenbucket.train.packed_tower import PackedTowerCollate
     from tokenbucket.train.packing import PackedBatchSampler, PackedCollate, block_diagonal_mask
+    from tokenbucket.train.packing_2d import PackedBatchSampler2D
     from tokenbucket.train.risk import RiskSplitSampler
-    from tokenbucket.train.sampler import BucketBatchSampler
+    from tokenbucket.train.sampler import BucketBatchSampler, plan_id_of
     from tokenbucket.train.warmup import WarmupRecord, warm_up
 
 __version__ = "0.1.0"
@@ -176,6 +233,8 @@ __all__ = [
     "BucketCollate",
     "BucketMonitor",
     "BucketPlan",
+    "BucketSamplerCallback",
+    "BucketTrainer",
     "BucketedStream",
     "CalibratedCostModel",
     "Calibration",
@@ -185,14 +244,20 @@ __all__ = [
     "ConfigError",
     "CostModel",
     "CountRule",
+    "DiTConfig",
+    "DiTCostModel",
+    "DiTEstimate",
+    "DiTSetup",
     "DuplicateKeyError",
     "FlopsEstimate",
     "FrozenFieldError",
     "GPU",
     "GPUS",
+    "HFConfig",
     "ImageTooSmallError",
     "InvalidValueError",
     "JsonlSink",
+    "LeRobotPolicy",
     "LeRobotSource",
     "LengthHistogram",
     "LoggingSink",
@@ -209,13 +274,21 @@ __all__ = [
     "OOMRiskWarning",
     "OversizeError",
     "PackedBatchSampler",
+    "PackedBatchSampler2D",
     "PackedCollate",
     "PackedModalityCollate",
     "PackedTowerCollate",
     "PlanDriftWarning",
     "PlanError",
+    "PolicyLengthModel",
+    "ReferenceTransformer",
     "RiskSplitSampler",
+    "Sample",
     "Segment",
+    "StagedCostModel",
+    "StagedLengthModel",
+    "StagedModel",
+    "StagedPackedModel",
     "StateError",
     "StepTime",
     "StreamBucketer",
@@ -225,30 +298,48 @@ __all__ = [
     "TokenBucketDataset",
     "TokenSpec",
     "TokenbucketError",
+    "TrainSetup",
     "UsageError",
+    "VideoBucket",
+    "VideoPlan",
     "WarmupRecord",
     "block_diagonal_mask",
     "breakdown_sample",
     "breakdown_table",
     "build_manifest",
     "calibrate_log",
+    "check_bucket_config",
     "check_plan",
     "format_summary",
     "get_gpu",
     "gpu_budget_bytes",
+    "index_shards",
     "ledger_with_whatifs",
     "lerobot_mixture",
     "lerobot_rows",
     "load_calibration",
+    "load_hf_config",
     "load_manifest",
     "plan_buckets",
     "plan_buckets_2d",
     "plan_from_bounds",
+    "plan_id_of",
+    "plan_packing_2d",
+    "plan_video_buckets",
+    "prepare_loader",
+    "profile_dit",
     "profile_memory",
     "read_events",
+    "read_lerobot_metadata",
     "read_metadata",
+    "read_pipeline",
     "shape_ledger",
+    "smart_resize",
+    "split_mixture_key",
+    "staged_from_config",
     "token_layout",
+    "token_spec_from_hf",
+    "tracker_sink",
     "warm_up",
     "write_report",
 ]
