@@ -193,8 +193,29 @@ def workspace(tmp_path: Path, lerobot_dir: str, monkeypatch: pytest.MonkeyPatch)
     (tmp_path / "models" / "qwen2-vl-2b").mkdir(parents=True)
     configs = json.loads((Path(__file__).parent / "data" / "hf_truth.json").read_text())["configs"]
     (tmp_path / "models" / "qwen2-vl-2b" / "config.json").write_text(json.dumps(configs["qwen2-vl-2b"]))
+    write_video_dit(tmp_path)
     monkeypatch.chdir(tmp_path)
     return Workspace(tmp_path, table, frames)
+
+
+def write_video_dit(folder: Path) -> None:
+    """``models/wan-1.3b``: Wan 2.1 T2V 1.3B's pipeline JSON files as the DiT truth set measured
+    them (no weights), and ``clips.parquet``: video clips at three sizes and four lengths."""
+    data = json.loads((Path(__file__).parent / "data" / "dit_truth.json").read_text())["configs"]["wan2.1-1.3b"]
+    wan = folder / "models" / "wan-1.3b"
+    (wan / "transformer").mkdir(parents=True)
+    (wan / "vae").mkdir()
+    (wan / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
+    (wan / "transformer" / "config.json").write_text(json.dumps(data["transformer"]))
+    t, s, c = data["vae"]
+    vae = {"_class_name": "AutoencoderKLWan", "z_dim": c, "scale_factor_temporal": t, "scale_factor_spatial": s}
+    (wan / "vae" / "config.json").write_text(json.dumps(vae))
+    rng = np.random.default_rng(0)
+    sizes = np.array([(480, 832), (720, 1280), (832, 480)])[rng.choice(3, 500)]
+    pq.write_table(pa.table({
+        "key": [f"clip{i:04d}" for i in range(500)], "frames": rng.choice([33, 49, 81, 121], 500),
+        "height": sizes[:, 0], "width": sizes[:, 1], "text_tokens": np.full(500, 512),
+    }), folder / "clips.parquet")  # fmt: skip
 
 
 def snapshot(folder: Path) -> dict[Path, bytes]:

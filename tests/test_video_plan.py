@@ -231,3 +231,34 @@ def test_video_plan_of_multi_view_samples_fits_each_sample_with_all_its_views(la
             assert est.peak_bytes <= budget
     with pytest.raises(ConfigError, match="several views"):
         plan.to_opensora()
+
+
+def test_video_sampler_and_collate_give_each_planned_clip_once_in_batches_of_one_latent_shape() -> None:
+    from torch.utils.data import DataLoader
+
+    from tokenbucket import DiTLatentCollate, video_sampler
+
+    table = clips(300)
+    plan = plan_video_buckets(table, DiTCostModel(CFG, DiTSetup(checkpointing=True)), gpu_budget_bytes("H100-SXM"))
+
+    class Clips(torch.utils.data.Dataset[dict[str, Any]]):  # latents of each clip's bucket (tiny stand-ins)
+        def __len__(self) -> int:
+            return table.num_rows
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            b = plan.buckets[int(plan.assignment[i])]
+            grid = ((b.frames - 1) // 4 + 1, b.height // 8 // 8 * 2, b.width // 8 // 8 * 2)  # small, whole patches
+            return {"key": i, "latents": torch.zeros(1, *grid), "text": torch.zeros(int(i % 7) + 1, 2)}
+
+    loader = DataLoader(Clips(), batch_sampler=video_sampler(plan, seed=3), collate_fn=DiTLatentCollate())
+    seen: list[int] = []
+    for batch in loader:
+        keys = batch["keys"]
+        bucket = {int(plan.assignment[k]) for k in keys}
+        assert len(bucket) == 1 and len(keys) <= plan.buckets[bucket.pop()].batch_size  # one bucket, its batch
+        assert batch["encoder_attention_mask"].sum(dim=1).tolist() == [k % 7 + 1 for k in keys]
+        seen.extend(keys)
+    assert sorted(seen) == [i for i in range(table.num_rows) if plan.assignment[i] >= 0]
+    with pytest.raises(ConfigError, match=r"^a batch mixes latent shapes .* feed the DataLoader video_sampler"):
+        DiTLatentCollate()([{"latents": torch.zeros(1, 1, 2, 2), "text": torch.zeros(1, 2)},
+                            {"latents": torch.zeros(1, 2, 2, 2), "text": torch.zeros(1, 2)}])  # fmt: skip

@@ -55,6 +55,7 @@ from tokenbucket._exceptions import (
 # (tests/test_public_api.py holds both, and that examples and guides import from here).
 _LAZY = {
     "DiTConfig": "models",
+    "VAEFactors": "models",
     "read_pipeline": "models",
     "smart_resize": "models.qwen2_vl",
     "LeRobotSource": "tokens.lerobot_mix",
@@ -108,6 +109,8 @@ _LAZY = {
     "PolicyLengthModel": "cost.lerobot_plan",
     "DiTCostModel": "cost.dit",
     "DiTEstimate": "cost.dit",
+    "DiTLatentCollate": "train.video_dit",
+    "video_sampler": "train.video_dit",
     "DiTSetup": "cost.dit",
     "profile_dit": "cost.dit_profile",  # imports diffusers and peft: only on first use
     "Bucket": "plan.bucket_plan",
@@ -186,7 +189,7 @@ if TYPE_CHECKING:
     from tokenbucket.cost.staged_length import StagedLengthModel
     from tokenbucket.cost.staged_packed import StagedPackedModel
     from tokenbucket.cost.step_time import StepTime
-    from tokenbucket.models import DiTConfig, read_pipeline
+    from tokenbucket.models import DiTConfig, VAEFactors, read_pipeline
     from tokenbucket.models.qwen2_vl import smart_resize
     from tokenbucket.monitor.calibrate import calibrate_log
     from tokenbucket.monitor.hooks import BucketMonitor
@@ -247,6 +250,7 @@ __all__ = [
     "DiTConfig",
     "DiTCostModel",
     "DiTEstimate",
+    "DiTLatentCollate",
     "DiTSetup",
     "DuplicateKeyError",
     "FlopsEstimate",
@@ -300,6 +304,7 @@ __all__ = [
     "TokenbucketError",
     "TrainSetup",
     "UsageError",
+    "VAEFactors",
     "VideoBucket",
     "VideoPlan",
     "WarmupRecord",
@@ -340,6 +345,7 @@ __all__ = [
     "token_layout",
     "token_spec_from_hf",
     "tracker_sink",
+    "video_sampler",
     "warm_up",
     "write_report",
 ]

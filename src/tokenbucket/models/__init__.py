@@ -21,7 +21,15 @@ from typing import Any
 
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.models._base import Family, VisionInputs, check_frames, check_image_size
-from tokenbucket.models._dit import SUPPORTED_DIT_CLASSES, DiTConfig, Latents, VideoDiT, dit_family, read_pipeline
+from tokenbucket.models._dit import (
+    SUPPORTED_DIT_CLASSES,
+    DiTConfig,
+    Latents,
+    VAEFactors,
+    VideoDiT,
+    dit_family,
+    read_pipeline,
+)
 from tokenbucket.models._hf_json import HFConfig
 from tokenbucket.models._registry import DIT_MODULES, MODULES
 
@@ -33,6 +41,7 @@ __all__ = [
     "DiTConfig",
     "Family",
     "Latents",
+    "VAEFactors",
     "VideoDiT",
     "VisionInputs",
     "clip_inputs",

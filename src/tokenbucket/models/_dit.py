@@ -109,12 +109,14 @@ class DiTParams:
     """A transformer's parameters as a fine-tuning run holds them: ``total``, of which ``fp32``
     are kept in fp32 (NOTE [ Modules kept in fp32 ] in :mod:`tokenbucket.cost.dit_profile`) and the
     rest bf16; ``block``: one block's (what FSDP gathers at a time); ``lora``: the adapters LoRA
-    adds at its rank on the attention projections."""
+    adds at its rank on the attention projections; ``buffers``: the bytes of the tables the class
+    builds beside its parameters (CogVideoX's sin-cos positions), held whole on every rank."""
 
     total: int
     fp32: int
     block: int
     lora: int
+    buffers: int = 0
 
     @property
     def bf16(self) -> int:
@@ -187,11 +189,11 @@ class VideoDiT:
 
     def vae_factors(self, vae: Mapping[str, Any], where: str) -> VAEFactors:
         """The compression read from a ``vae/config.json`` (``where`` names it)."""
-        raise NotImplementedError
+        raise AssertionError(f"video DiT family {self.name!r} does not define this")
 
     def patch_sizes(self, cfg: DiTConfig) -> tuple[int, int, int]:
         """The transformer's ``(p_t, p_h, p_w)``."""
-        raise NotImplementedError
+        raise AssertionError(f"video DiT family {self.name!r} does not define this")
 
     # -- tokens ---------------------------------------------------------------------------------
 
@@ -199,7 +201,7 @@ class VideoDiT:
         """Exactly what the pipeline's latent preparation and the transformer's patch embedding
         make of one clip of ``frames`` frames of ``height x width``; a size the pipeline refuses
         is refused in one line naming its rule (NOTE [ Video DiT tokens ])."""
-        raise NotImplementedError
+        raise AssertionError(f"video DiT family {self.name!r} does not define this")
 
     def text_tokens(self, cfg: DiTConfig, text_tokens: int) -> int:
         """The text positions the transformer attends for a cached prompt of ``text_tokens``."""
@@ -228,7 +230,7 @@ class VideoDiT:
 
     def params(self, cfg: DiTConfig, lora_rank: int = 16) -> DiTParams:
         """The parameters diffusers' class builds for ``cfg`` (counted exactly)."""
-        raise NotImplementedError
+        raise AssertionError(f"video DiT family {self.name!r} does not define this")
 
     def matmul_params(self, cfg: DiTConfig) -> tuple[int, int]:
         """The weights a video token and a text token each meet in a forward's matmuls (NOTE [ DiT
@@ -238,7 +240,7 @@ class VideoDiT:
     def step_terms(self, cfg: DiTConfig, train: str, lora_rank: int = 16) -> StepTerms:
         """What a step keeps per token (NOTE [ What a DiT block keeps ] in :mod:`tokenbucket.cost.dit`),
         under ``train`` (``full`` or ``lora`` at ``lora_rank``)."""
-        raise NotImplementedError
+        raise AssertionError(f"video DiT family {self.name!r} does not define this")
 
     # -- the measured mode ----------------------------------------------------------------------
 

@@ -86,7 +86,7 @@ class DiTLatentCollate:
             keys = [item.get("key") for item in items]
             raise ConfigError(
                 f"a batch mixes latent shapes {sorted(shapes)} (keys {keys}): a video DiT's batch is one bucket; "
-                "feed the DataLoader VideoPlan.sampler()"
+                "feed the DataLoader video_sampler(plan)"
             )
         grid = latents[0].shape[1:]
         if any(g % p for g, p in zip(grid, self.patch_size, strict=True)):
