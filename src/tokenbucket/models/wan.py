@@ -20,9 +20,28 @@ inputs: ``12 D``. Under LoRA the frozen projections keep no inputs for their wei
 and each adapter keeps its rank-``r`` middle: ``40.125 D + 2 ffn + 12 r`` and ``8 D + 4 r``. These are counted by ``tests/test_dit_cost.py`` from the
 tensors autograd saves in diffusers' own block (1 and 2 blocks, two token counts, two widths and
 two MLP widths). Outside the blocks the head's fp32 norm and modulation and the fp32 loss keep
-about ``16 D`` a video token. Under checkpointing a block keeps its bf16 input (``2 D``); its
-backward's working set, fitted to the measured peaks, is ``120 D`` a token unsharded and ``60 D``
-under FSDP (NOTE [ The peaks of a DiT step ] in :mod:`tokenbucket.cost.dit`).
+about ``16 D`` a video token. Under checkpointing a block keeps its bf16 input (``2 D``).
+
+Its backward's working set (NOTE [ The peaks of a DiT step ] in :mod:`tokenbucket.cost.dit`) is
+``4 D`` a video token for every block of the model, ``2 D`` under FSDP: it grows with the number
+of blocks, not with the heads or the MLP width. The measured peak falls at the first block's
+backward, once its recompute is done, and what it counts as backward temporaries there is
+nothing of that block's own: it is two bf16 gradients ``T x D`` per block whose backward is
+already over. Both are the gradients of a module input that shares its module with a tensor
+every block reads: the block's own input (beside the text states and the time embedding) and the
+cross-attention's normed query input (beside the text states). PyTorch's module tracker
+(``ModTracker``, inside ``MemTracker``) waits on each module's inputs with a multi-gradient hook
+that buffers every gradient until all of them have arrived, and the text states' gradient is whole
+only when the last block's backward is done; so each block's two gradients stay live until the
+end of backward. Under FSDP the peak holds one such gradient a block (which of the two was not
+pinned down). Measured with diffusers' model on fake tensors, 75,600 video tokens, at width 1536
+with 1, 2, 4 and 8 blocks, at widths 3072 and 5120 (24 and 40 heads; MLP 14336 and 13824) with 2
+blocks, and in the published 30- and 40-block models: the backward temporaries at the peak are
+``4.00 D`` a block at every width to a hundredth of ``D`` (``2.00 D`` under FSDP from 4 blocks up;
+one and two blocks measure ``4 D`` and ``6 D`` there). This is why Wan 2.1 14B (40 blocks) measures ``160 D`` where the 30-block 1.3B and
+5B measure ``120 D``. Because this memory is held by the measuring hooks, a run with no tracker
+should not hold it: compare with ``torch.cuda.max_memory_allocated``
+(``benchmarks/gpu_check_dit.py``) before trusting the checkpointed peak on a GPU.
 
 Example:
     >>> from tokenbucket.models._dit import DiTConfig
@@ -167,7 +186,11 @@ class Wan(VideoDiT):
             video, text = 40.125 * D + 2 * ffn + 12 * lora_rank + 36, 8 * D + 4 * lora_rank + 4
         else:
             video, text = 68.125 * D + 4 * ffn + 36, 12 * D + 4
-        block = BlockTerms(d["layers"], video, text, checkpoint=2 * D, backward=120 * D, fsdp_backward=60 * D)
+        # NOTE [ What a Wan block keeps ]: at the checkpointed peak the tracker's hooks hold two bf16
+        # gradients a video token for every block (one under FSDP)
+        layers = d["layers"]
+        block = BlockTerms(layers, video, text, checkpoint=2 * D, backward=4 * D * layers,
+                           fsdp_backward=2 * D * layers)  # fmt: skip
         return StepTerms((block,), outside=16 * D, outside_text=4 * D)
 
     def inputs(
