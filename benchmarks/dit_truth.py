@@ -37,6 +37,25 @@ _WAN = {"_class_name": "WanTransformer3DModel", "patch_size": [1, 2, 2], "attent
         "in_channels": 16, "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "cross_attn_norm": True,
         "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "rope_max_seq_len": 1024}  # fmt: skip
 
+_COG = {"_class_name": "CogVideoXTransformer3DModel", "activation_fn": "gelu-approximate", "attention_bias": True,
+        "attention_head_dim": 64, "dropout": 0.0, "flip_sin_to_cos": True, "freq_shift": 0, "in_channels": 16,
+        "max_text_seq_length": 226, "norm_elementwise_affine": True, "norm_eps": 1e-5, "out_channels": 16,
+        "patch_size": 2, "sample_frames": 49, "sample_height": 60, "sample_width": 90,
+        "spatial_interpolation_scale": 1.875, "temporal_compression_ratio": 4, "temporal_interpolation_scale": 1.0,
+        "text_embed_dim": 4096, "time_embed_dim": 512, "timestep_activation_fn": "silu"}  # fmt: skip
+_LTX = {"_class_name": "LTXVideoTransformer3DModel", "activation_fn": "gelu-approximate", "attention_bias": True,
+        "attention_out_bias": True, "caption_channels": 4096, "in_channels": 128, "out_channels": 128,
+        "norm_elementwise_affine": False, "norm_eps": 1e-6, "num_attention_heads": 32, "patch_size": 1,
+        "patch_size_t": 1, "qk_norm": "rms_norm_across_heads"}  # fmt: skip
+_HUNYUAN = {"_class_name": "HunyuanVideoTransformer3DModel", "attention_head_dim": 128, "guidance_embeds": True,
+            "in_channels": 16, "mlp_ratio": 4.0, "num_attention_heads": 24, "num_layers": 20,
+            "num_refiner_layers": 2, "num_single_layers": 40, "out_channels": 16, "patch_size": 2, "patch_size_t": 1,
+            "pooled_projection_dim": 768, "qk_norm": "rms_norm", "rope_axes_dim": [16, 56, 56], "rope_theta": 256.0,
+            "text_embed_dim": 4096}  # fmt: skip
+_COSMOS2 = {"_class_name": "CosmosTransformer3DModel", "adaln_lora_dim": 256, "attention_head_dim": 128,
+            "concat_padding_mask": True, "extra_pos_embed_type": None, "in_channels": 17, "max_size": [128, 240, 240],
+            "mlp_ratio": 4.0, "out_channels": 16, "patch_size": [1, 2, 2], "text_embed_dim": 1024}  # fmt: skip
+
 # the published transformer configs (their transformer/config.json values) and VAE factors
 PUBLISHED: dict[str, tuple[dict[str, Any], VAEFactors]] = {
     "wan2.1-1.3b": ({**_WAN, "num_attention_heads": 12, "ffn_dim": 8960, "num_layers": 30},
@@ -45,13 +64,42 @@ PUBLISHED: dict[str, tuple[dict[str, Any], VAEFactors]] = {
                    VAEFactors(4, 8, 16, "Wan2.1 VAE")),
     "wan2.2-ti2v-5b": ({**_WAN, "num_attention_heads": 24, "ffn_dim": 14336, "num_layers": 30,
                         "in_channels": 48, "out_channels": 48}, VAEFactors(4, 16, 48, "Wan2.2 VAE")),
+    "cogvideox-2b": ({**_COG, "num_attention_heads": 30, "num_layers": 30}, VAEFactors(4, 8, 16, "CogVideoX VAE")),
+    "cogvideox-5b": ({**_COG, "num_attention_heads": 48, "num_layers": 42, "use_rotary_positional_embeddings": True,
+                      "use_learned_positional_embeddings": False}, VAEFactors(4, 8, 16, "CogVideoX VAE")),
+    "cogvideox1.5-5b": ({**_COG, "num_attention_heads": 48, "num_layers": 42, "patch_bias": False, "patch_size_t": 2,
+                         "sample_frames": 81, "sample_height": 300, "sample_width": 300,
+                         "use_rotary_positional_embeddings": True, "use_learned_positional_embeddings": False},
+                        VAEFactors(4, 8, 16, "CogVideoX VAE")),
+    # LTX-Video 0.9.0 - 0.9.6 (2B) and 0.9.7 / 0.9.8 (13B)
+    "ltx-video-2b": ({**_LTX, "attention_head_dim": 64, "cross_attention_dim": 2048, "num_layers": 28},
+                     VAEFactors(8, 32, 128, "LTX-Video VAE")),
+    "ltx-video-13b": ({**_LTX, "attention_head_dim": 128, "cross_attention_dim": 4096, "num_layers": 48},
+                      VAEFactors(8, 32, 128, "LTX-Video VAE")),
+    "hunyuan-video": (dict(_HUNYUAN), VAEFactors(4, 8, 16, "HunyuanVideo VAE")),
+    "cosmos-predict2-2b": ({**_COSMOS2, "num_attention_heads": 16, "num_layers": 28, "rope_scale": [1.0, 3.0, 3.0]},
+                           VAEFactors(4, 8, 16, "Wan2.1 VAE")),
+    "cosmos-predict2-14b": ({**_COSMOS2, "num_attention_heads": 40, "num_layers": 36,
+                             "rope_scale": [20 / 24, 2.0, 2.0]}, VAEFactors(4, 8, 16, "Wan2.1 VAE")),
 }  # fmt: skip
 
-# frames, height, width, text tokens: a short clip, the published 480p size, and the long one
+# frames, height, width, text tokens: a short clip, the published size, and the long one
 SHAPES: dict[str, list[tuple[int, int, int, int]]] = {
     "wan2.1-1.3b": [(17, 480, 832, 512), (33, 480, 832, 512), (81, 480, 832, 512)],
     "wan2.1-14b": [(17, 480, 832, 512), (49, 480, 832, 512), (81, 720, 1280, 512)],
     "wan2.2-ti2v-5b": [(33, 704, 1280, 512), (81, 704, 1280, 512), (121, 704, 1280, 512)],
+    # CogVideoX: every prompt is 226 T5 states (max_text_seq_length); 1.0 at 480 x 720, 1.5 at 768 x 1360
+    "cogvideox-2b": [(17, 480, 720, 226), (33, 480, 720, 226), (49, 480, 720, 226)],
+    "cogvideox-5b": [(17, 480, 720, 226), (33, 480, 720, 226), (49, 480, 720, 226)],
+    "cogvideox1.5-5b": [(49, 768, 1360, 226), (81, 768, 1360, 226), (161, 768, 1360, 226)],
+    # LTX-Video: T5 prompts of 128 states; 512 x 768 (its 0.9 size) and 704 x 1280, up to 257 frames
+    "ltx-video-2b": [(161, 512, 768, 128), (121, 704, 1280, 128), (257, 704, 1280, 128)],
+    "ltx-video-13b": [(161, 512, 768, 128), (121, 704, 1280, 128), (257, 704, 1280, 128)],
+    # HunyuanVideo: Llama prompts of 256 states; 544 x 960 and 720 x 1280, up to 129 frames
+    "hunyuan-video": [(33, 544, 960, 256), (129, 544, 960, 256), (129, 720, 1280, 256)],
+    # Cosmos-Predict2: T5 prompts of 512 states; 93 frames at 704 x 1280, and 480p
+    "cosmos-predict2-2b": [(29, 704, 1280, 512), (93, 480, 832, 512), (93, 704, 1280, 512)],
+    "cosmos-predict2-14b": [(29, 704, 1280, 512), (93, 480, 832, 512), (93, 704, 1280, 512)],
 }
 # (train, checkpointing, sharding, world size)
 SETUPS = [("full", False, "none", 1), ("lora", False, "none", 1), ("full", False, "fsdp", 8),
@@ -84,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("tests/data/dit_truth.json"))
     parser.add_argument("--merge", nargs="+", type=Path)
     args = parser.parse_args(argv)
-    configs = {arch: {"transformer": t, "vae": [v.temporal, v.spatial, v.channels]} for arch, (t, v) in PUBLISHED.items()}
+    configs = {
+        arch: {"transformer": t, "vae": [v.temporal, v.spatial, v.channels]} for arch, (t, v) in PUBLISHED.items()
+    }
 
     def write(points: list[dict[str, Any]]) -> None:  # after every point: a long run keeps what it measured
         args.out.write_text(json.dumps({"configs": configs, "points": points}, indent=1, sort_keys=True) + "\n")

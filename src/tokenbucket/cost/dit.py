@@ -147,6 +147,8 @@ class DiTCostModel:
             out["gathered"] = 2 * p.block * 2
         if s.sharding == "ddp":  # DDP's gradient buckets: a second copy of the gradients, made at wrap time
             out["ddp buckets"] = trained
+        if p.buffers:  # tables the model builds (FSDP shards parameters only)
+            out["buffers"] = p.buffers
         return out
 
     # -- per sample -----------------------------------------------------------------------------
@@ -164,12 +166,16 @@ class DiTCostModel:
         v, t = batch * video_tokens, batch * text_tokens
         saved = [int(k.video * v + k.text * t) for k in terms.blocks]
         outside = int(terms.outside * v + terms.outside_text * t)
-        base = static["weights"] + static["optimizer"] + static.get("gathered", 0) + static.get("ddp buckets", 0)
+        base = (
+            static["weights"]
+            + static["optimizer"]
+            + sum(static.get(k, 0) for k in ("gathered", "ddp buckets", "buffers"))
+        )
         if not s.checkpointing:
             items = {"weights": static["weights"], "optimizer": static["optimizer"],
                      "saved activations": sum(k.count * n for k, n in zip(terms.blocks, saved, strict=True)),
                      "outside the blocks": outside}  # fmt: skip
-            for key in ("gathered", "ddp buckets"):
+            for key in ("gathered", "ddp buckets", "buffers"):
                 if key in static:
                     items[key] = static[key]
             phase = "start of backward"

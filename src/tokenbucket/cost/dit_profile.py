@@ -10,7 +10,7 @@ training steps: forward, the flow-matching loss, backward, ``AdamW(foreach=True)
 (NOTE [ The fine-tuning step ]). The peak comes from PyTorch's own trackers, through
 :func:`~tokenbucket.cost.hf_profile.measure_step`; attention runs as a CUDA GPU runs it (its
 kernels' meta functions, :mod:`tokenbucket.cost._kernels`). ``diffusers`` is an optional extra
-(``pip install 'tokenbucket[diffusers]'``).
+(``pip install 'tokenbucket[diffusers]'``, which brings ``peft`` for LoRA): this module imports it.
 
 NOTE [ The fine-tuning step ]
 The scripts people fine-tune these models with (diffusers' training examples, finetrainers,
@@ -29,23 +29,48 @@ the same way, so its weights, gradients and AdamW states have the dtypes a fine-
 FSDP2 refuses a unit whose trainable parameters have two dtypes ("FSDP expects uniform original
 parameter dtype"), so a sharded run casts the whole transformer to bf16 before ``fully_shard``,
 and so does the model measured under FSDP here.
+
+NOTE [ A DiT's FSDP units ]
+A sharded run wraps every block of the transformer as its own FSDP2 unit, and the transformer
+(the patch embedding, the time and text embeddings, the output head) as the root. diffusers names
+its block lists after the family: ``blocks`` (Wan), ``transformer_blocks`` (CogVideoX, LTX-Video,
+Cosmos, HunyuanVideo's dual-stream blocks), ``single_transformer_blocks`` (HunyuanVideo's
+single-stream blocks) and ``refiner_blocks`` (HunyuanVideo's text token refiner): every
+``ModuleList`` whose name ends in ``blocks`` is a block list, and each of its children one unit.
+The measured step takes that rule in place of :func:`~tokenbucket.cost.hf_profile.measure_step`'s
+decoder-layer rule (``layers``/``blocks``/``layer`` lists) while it runs; for Wan, whose one list
+is ``blocks``, the two rules wrap the same units.
+
+NOTE [ Cosmos's padding-mask resize ]
+``CosmosTransformer3DModel.forward`` resizes the pipeline's pixel-size padding mask to the latent
+grid with ``torchvision.transforms.functional.resize`` (nearest), a name diffusers imports only
+where torchvision is installed. The measured step needs nothing of it but the resized shape: where
+torchvision is absent, it runs with a stand-in that resizes the same way with
+``torch.nn.functional.interpolate(..., mode="nearest")`` (a ``1 x 1 x H' x W'`` mask, a few
+kilobytes, as torchvision's). Where torchvision is installed, its own resize runs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import time
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import diffusers
+import peft
 import torch
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.cost import hf_profile
 from tokenbucket.cost._fake_step import _no_adapter_move
 from tokenbucket.cost.hf_profile import StepShape, measure_step
 from tokenbucket.cost.profile import default_dtype
 from tokenbucket.models import dit_family
-from tokenbucket.models._dit import DiTConfig
+from tokenbucket.models._dit import DiTConfig, Latents, VideoDiT
 
 __all__ = ["DIT_LORA_TARGETS", "DiTProfile", "FlowMatchingStep", "build_dit", "profile_dit"]
 
@@ -62,9 +87,78 @@ class FlowMatchingStep(torch.nn.Module):
         super().__init__()
         self.transformer = transformer
 
-    def forward(self, target: torch.Tensor, **inputs: Any) -> types.SimpleNamespace:
-        pred = self.transformer(**inputs, return_dict=False)[0]
+    def forward(self, target: torch.Tensor, **inputs: torch.Tensor) -> types.SimpleNamespace:
+        with _resize_stand_in(self.transformer):  # NOTE [ Cosmos's padding-mask resize ]
+            pred = self.transformer(**_regrouped(inputs), return_dict=False)[0]
         return types.SimpleNamespace(loss=((pred.float() - target.float()) ** 2).mean())
+
+
+# NOTE [ Tensor pairs among the inputs ]: an input that is a tuple of tensors (CogVideoX's rotary
+# cosines and sines) travels to the measured step as one fake input per tensor, ``name<PART>i``,
+# and is put back together before the transformer's forward
+_PART = "#"
+
+
+def _regrouped(inputs: dict[str, Any]) -> dict[str, Any]:
+    """NOTE [ Tensor pairs among the inputs ]: the ``name#i`` inputs as the tuple ``name``."""
+    out: dict[str, Any] = {}
+    parts: dict[str, dict[int, Any]] = {}
+    for key, value in inputs.items():
+        name, part, index = key.partition(_PART)
+        if part:
+            parts.setdefault(name, {})[int(index)] = value
+        else:
+            out[key] = value
+    for name, pieces in parts.items():
+        out[name] = tuple(pieces[i] for i in sorted(pieces))
+    return out
+
+
+class _NearestResize:
+    """NOTE [ Cosmos's padding-mask resize ]: what Cosmos's forward reads of ``torchvision.transforms``."""
+
+    class InterpolationMode:
+        NEAREST = "nearest"
+
+    class functional:  # torchvision's name
+        @staticmethod
+        def resize(img: torch.Tensor, size: list[int], interpolation: Any = None) -> torch.Tensor:
+            return torch.nn.functional.interpolate(img, size=size, mode="nearest")
+
+
+@contextlib.contextmanager
+def _resize_stand_in(transformer: torch.nn.Module) -> Iterator[None]:
+    """NOTE [ Cosmos's padding-mask resize ]: the stand-in, while Cosmos's transformer runs,
+    where its diffusers module has no ``transforms`` (torchvision absent)."""
+    module = inspect.getmodule(type(transformer))
+    if type(transformer).__name__ != "CosmosTransformer3DModel" or module is None or hasattr(module, "transforms"):
+        yield
+        return
+    module.transforms = _NearestResize  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        del module.transforms
+
+
+def _block_lists(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """NOTE [ A DiT's FSDP units ]: the children of every ``ModuleList`` whose name ends in ``blocks``."""
+    out: list[torch.nn.Module] = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1].endswith("blocks"):
+            out.extend(module)
+    return out
+
+
+@contextlib.contextmanager
+def _dit_units() -> Iterator[None]:
+    """NOTE [ A DiT's FSDP units ]: :func:`measure_step` shards the DiT's blocks while active."""
+    layer_lists = hf_profile._layer_lists
+    hf_profile._layer_lists = _block_lists
+    try:
+        yield
+    finally:
+        hf_profile._layer_lists = layer_lists
 
 
 def _keep_in_fp32(model: torch.nn.Module) -> int:
@@ -89,8 +183,6 @@ def build_dit(
     dtype), set up to train: (the :class:`FlowMatchingStep` around it, frozen parts).
     ``keep_fp32``: NOTE [ Modules kept in fp32 ] (``False``: every parameter bf16, as FSDP2
     needs them within a unit)."""
-    import diffusers  # optional: pip install 'tokenbucket[diffusers]'
-
     if train not in TRAINS:
         raise ConfigError(f"train should be one of {list(TRAINS)} for a video DiT, but got train={train!r}")
     cls = getattr(diffusers, cfg.class_name)
@@ -101,8 +193,6 @@ def build_dit(
         model.enable_gradient_checkpointing()
     frozen: list[str] = []
     if train == "lora":
-        import peft  # optional: pip install 'tokenbucket[peft]'
-
         model.requires_grad_(False)
         lora = peft.LoraConfig(r=lora_rank, lora_alpha=lora_rank, init_lora_weights="gaussian",
                                target_modules=list(DIT_LORA_TARGETS))  # fmt: skip
@@ -136,9 +226,7 @@ def profile_dit(
     and ``text_tokens`` cached text states (NOTE [ The fine-tuning step ]).
 
     ``sharding``: ``none`` or ``fsdp`` (FSDP2 over ``world_size`` fake ranks: one unit per block,
-    the root one more); ``steps``: 2 is the steady state (AdamW's states live)."""
-    import diffusers
-
+    the root one more: NOTE [ A DiT's FSDP units ]); ``steps``: 2 is the steady state (AdamW's states live)."""
     fam = dit_family(cfg.class_name)
     latents = fam.latents(cfg, frames, height, width)
     if views != 1:
@@ -151,9 +239,20 @@ def profile_dit(
             return build_dit(cfg, train=train, lora_rank=lora_rank, checkpointing=checkpointing,
                              keep_fp32=sharding != "fsdp")  # fmt: skip
 
-    specs = {k: (tuple(v.shape), v.dtype) for k, v in _shapes(fam, cfg, batch, latents, text).items()}
-    run = measure_step(build, {}, specs, sharding=sharding, world_size=world_size, steps=steps,
-                       shape=StepShape(kernels="cuda"))  # fmt: skip
+    made = _shapes(fam, cfg, batch, latents, text)
+    specs: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    plain: dict[str, Any] = {}  # the grid, the frame rate
+    for key, value in made.items():
+        if isinstance(value, torch.Tensor):
+            specs[key] = (tuple(value.shape), value.dtype)
+        elif isinstance(value, tuple) and value and all(isinstance(t, torch.Tensor) for t in value):
+            for i, t in enumerate(value):  # NOTE [ Tensor pairs among the inputs ]
+                specs[f"{key}{_PART}{i}"] = (tuple(t.shape), t.dtype)
+        else:
+            plain[key] = value
+    with _dit_units():  # NOTE [ A DiT's FSDP units ]
+        run = measure_step(build, plain, specs, sharding=sharding, world_size=world_size, steps=steps,
+                           shape=StepShape(kernels="cuda"))  # fmt: skip
     return DiTProfile(
         peak_bytes=int(run["peak_bytes"]),
         breakdown=dict(run["peak_breakdown"]),
@@ -165,8 +264,10 @@ def profile_dit(
     )
 
 
-def _shapes(fam: Any, cfg: DiTConfig, batch: int, latents: Any, text: int) -> dict[str, torch.Tensor]:
-    """The inputs' shapes and dtypes (built on the meta device: no memory)."""
+def _shapes(fam: VideoDiT, cfg: DiTConfig, batch: int, latents: Latents, text: int) -> dict[str, Any]:
+    """The inputs: tensors by their shapes and dtypes (built on the meta device: no memory), and
+    the plain values some families' ``forward`` takes beside them (LTX-Video's latent grid and
+    rotary scale, Cosmos's frame rate)."""
     with torch.device("meta"):
-        shapes: dict[str, torch.Tensor] = fam.inputs(cfg, batch, latents, text, torch.bfloat16)
+        shapes: dict[str, Any] = fam.inputs(cfg, batch, latents, text, torch.bfloat16)
     return shapes
