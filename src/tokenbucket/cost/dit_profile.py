@@ -122,7 +122,7 @@ class _NearestResize:
 
     class functional:  # torchvision's name
         @staticmethod
-        def resize(img: torch.Tensor, size: list[int], interpolation: Any = None) -> torch.Tensor:
+        def resize(img: torch.Tensor, size: list[int], interpolation: object = None) -> torch.Tensor:
             return torch.nn.functional.interpolate(img, size=size, mode="nearest")
 
 

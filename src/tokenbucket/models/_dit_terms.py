@@ -28,7 +28,9 @@ frozen output projection's input and the GELU's own input gradient (two bf16 ten
 width, ``4 ffn`` bytes a video token) are live beside every saved tensor (the GELU's input is
 freed only once its gradient is made). In full training the output projection keeps the GELU's
 output for its weight gradient and frees it as the input gradient is made, so nothing is added.
-Measured: LTX-Video 2B and 13B and Cosmos-Predict2 2B and 14B at every shape within 0.01 % with it.
+Measured: with it LTX-Video 2B and 13B and Cosmos-Predict2 2B and 14B are within 0.01 % at every
+shape, CogVideoX within 0.2 %. HunyuanVideo's last block is a single-stream one, whose forward
+peaks higher still (NOTE [ What a HunyuanVideo block keeps ] in :mod:`tokenbucket.models.hunyuan_video`).
 """
 
 from __future__ import annotations
