@@ -76,9 +76,14 @@ def test_dit_cost_is_within_the_band_of_every_measured_point() -> None:
     assert BAND[0] <= worst[0][0] and worst[1][0] <= BAND[1], worst
 
 
-@pytest.mark.parametrize("arch", ["wan2.1-1.3b", "wan2.1-14b", "wan2.2-ti2v-5b"])
+@pytest.mark.parametrize("arch", sorted(json.loads(TRUTH.read_text())["configs"]))
 def test_dit_params_equal_what_diffusers_builds(arch: str) -> None:
+    """The whole count, the fp32-kept share, the largest block and the LoRA adapters on
+    ``to_q``/``to_k``/``to_v``/``to_out.0`` (whatever those names hit in the family: HunyuanVideo's
+    text stream and single-stream output have other names)."""
     import peft
+
+    from tokenbucket.cost.dit_profile import _block_lists
 
     cfg = _config(arch)
     cls = getattr(diffusers, cfg.class_name)
@@ -88,10 +93,17 @@ def test_dit_params_equal_what_diffusers_builds(arch: str) -> None:
     ours = dit_family(cfg.class_name).params(cfg, lora_rank=16)
     assert ours.total == sum(p.numel() for p in model.parameters())
     assert ours.fp32 == sum(p.numel() for n, p in model.named_parameters() if any(k in n for k in keep))
-    assert ours.block == sum(p.numel() for p in model.blocks[0].parameters())
-    before = ours.total
+    assert ours.block == max(sum(p.numel() for p in b.parameters()) for b in _block_lists(model))
+    # the tables the class builds (CogVideoX's sin-cos positions); a few MiB (Wan's rotary table) are left out
+    assert abs(ours.buffers - sum(b.untyped_storage().nbytes() for b in model.buffers())) < 2**24
+    # the adapters, on a copy with two blocks of each kind (peft's wrapping of every block is slow): a count per block
+    two = {k: 2 if k in ("num_layers", "num_single_layers") else v for k, v in cfg.transformer.items()}
+    with torch.device("meta"):
+        model = cls.from_config({k: v for k, v in two.items() if not k.startswith("_")})
+    before = sum(p.numel() for p in model.parameters())
     model.add_adapter(peft.LoraConfig(r=16, lora_alpha=16, target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
-    assert ours.lora == sum(p.numel() for p in model.parameters()) - before
+    lora = dit_family(cfg.class_name).params(DiTConfig(arch, cfg.class_name, two, cfg.vae), lora_rank=16).lora
+    assert lora == sum(p.numel() for p in model.parameters()) - before
 
 
 def _saved_bytes(cfg: DiTConfig, latents: Latents, text: int, train: str) -> int:
@@ -118,29 +130,73 @@ def _saved_bytes(cfg: DiTConfig, latents: Latents, text: int, train: str) -> int
     return sum(seen.values())
 
 
-def _tiny_wan(heads: int, ffn: int, layers: int) -> DiTConfig:
-    t = {"_class_name": "WanTransformer3DModel", "patch_size": [1, 2, 2], "num_attention_heads": heads,
-         "attention_head_dim": 64, "in_channels": 16, "out_channels": 16, "text_dim": 64, "freq_dim": 256,
-         "ffn_dim": ffn, "num_layers": layers}  # fmt: skip
-    return DiTConfig("tiny", "WanTransformer3DModel", t, VAEFactors(4, 8, 16, "tiny"))
+# each family's tiny transformer: its config but the width, and the keys that count each kind of block
+TINY: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "WanTransformer3DModel": ({"patch_size": [1, 2, 2], "in_channels": 16, "out_channels": 16, "text_dim": 64,
+                               "freq_dim": 256}, ("num_layers",)),
+    "CogVideoXTransformer3DModel": ({"in_channels": 16, "out_channels": 16, "time_embed_dim": 32,
+                                     "text_embed_dim": 64, "patch_size": 2}, ("num_layers",)),
+    "LTXVideoTransformer3DModel": ({"in_channels": 128, "out_channels": 128, "caption_channels": 64},
+                                   ("num_layers",)),
+    "HunyuanVideoTransformer3DModel": ({"in_channels": 16, "out_channels": 16, "num_refiner_layers": 1,
+                                        "text_embed_dim": 64, "pooled_projection_dim": 32},
+                                       ("num_layers", "num_single_layers")),
+    "CosmosTransformer3DModel": ({"in_channels": 17, "out_channels": 16, "text_embed_dim": 64, "adaln_lora_dim": 32,
+                                  "extra_pos_embed_type": None, "rope_scale": [1.0, 3.0, 3.0]}, ("num_layers",)),
+}  # fmt: skip
+
+
+def _tiny(class_name: str, heads: int, head_dim: int, ratio: float, blocks: tuple[int, ...], text: int) -> DiTConfig:
+    """``class_name``'s tiny transformer: ``heads x head_dim`` wide, an MLP ``ratio`` times that
+    (CogVideoX's and LTX-Video's are four times, whatever the ratio), ``blocks`` of each kind, and
+    ``text`` positions where the config fixes them (CogVideoX's ``max_text_seq_length``)."""
+    base, keys = TINY[class_name]
+    width = heads * head_dim
+    t = {"_class_name": class_name, **base, "num_attention_heads": heads, "attention_head_dim": head_dim,
+         **dict(zip(keys, blocks, strict=True))}  # fmt: skip
+    if class_name == "WanTransformer3DModel":
+        t["ffn_dim"] = int(ratio * width)
+    elif class_name == "CogVideoXTransformer3DModel":
+        t["max_text_seq_length"] = text
+    elif class_name == "LTXVideoTransformer3DModel":
+        t["cross_attention_dim"] = width
+    else:
+        t["mlp_ratio"] = ratio
+    if class_name == "HunyuanVideoTransformer3DModel":  # the rotary axes share the head: even parts
+        side = head_dim // 3 // 2 * 2
+        t["rope_axes_dim"] = [head_dim - 2 * side, side, side]
+    vae = VAEFactors(8, 32, 128, "tiny") if class_name == "LTXVideoTransformer3DModel" else VAEFactors(4, 8, 16, "tiny")
+    return DiTConfig("tiny", class_name, t, vae)
+
+
+def _tiny_saved(class_name: str, width: tuple[int, int, float], blocks: tuple[int, ...], frames: int, text: int,
+                train: str) -> int:  # fmt: skip
+    """:func:`_saved_bytes` of the tiny transformer (``width``: heads, head width, MLP ratio) on
+    ``frames`` latent frames of 8 x 8 patches and ``text`` text states."""
+    cfg = _tiny(class_name, *width, blocks, text)
+    p_t, p_h, p_w = dit_family(class_name).patch_sizes(cfg)
+    side = 8 * p_h
+    return _saved_bytes(cfg, Latents(frames, side, side, frames // p_t * (side // p_h) * (side // p_w)), text, train)
 
 
 @pytest.mark.parametrize("train", ["full", "lora"])
-def test_dit_block_terms_equal_what_autograd_saves_in_diffusers_block(train: str) -> None:
-    """A block's bytes per video token and per text token: the difference between 1 and 2 blocks,
-    at two token counts, for two widths and two MLP widths."""
-    short, long_ = Latents(4, 16, 16, 256), Latents(8, 16, 16, 512)
-    for heads, ffn in ((2, 512), (4, 512), (2, 1024)):
-        one, two = _tiny_wan(heads, ffn, 1), _tiny_wan(heads, ffn, 2)
-
-        def block(latents: Latents, text: int, one: DiTConfig = one, two: DiTConfig = two) -> int:
-            return _saved_bytes(two, latents, text, train) - _saved_bytes(one, latents, text, train)
-
-        (terms,) = dit_family("WanTransformer3DModel").step_terms(one, train).blocks
-        per_video = (block(long_, 32) - block(short, 32)) / (long_.tokens - short.tokens)
-        per_text = (block(short, 64) - block(short, 32)) / 32
-        assert per_video == pytest.approx(terms.video, rel=0.01), (heads, ffn, per_video, terms)
-        assert per_text == pytest.approx(terms.text, rel=0.01), (heads, ffn, per_text, terms)
+@pytest.mark.parametrize("class_name", sorted(TINY))
+def test_dit_block_terms_equal_what_autograd_saves_in_diffusers_block(class_name: str, train: str) -> None:
+    """Each kind of block's bytes per video token and per text token: the difference between one
+    and two blocks of that kind, at two token counts and two text lengths, for two widths (head
+    count, head width and MLP width all changed)."""
+    kinds = len(TINY[class_name][1])
+    one = (1,) * kinds
+    for width in ((2, 64, 4.0), (4, 48, 2.0)):
+        base = {(f, t): _tiny_saved(class_name, width, one, f, t, train) for f, t in ((4, 32), (8, 32), (4, 64))}
+        terms = dit_family(class_name).step_terms(_tiny(class_name, *width, one, 32), train).blocks
+        for kind, expected in enumerate(terms):
+            two = tuple(2 if i == kind else 1 for i in range(kinds))
+            block = {key: _tiny_saved(class_name, width, two, *key, train) - base[key] for key in base}
+            per_video = (block[8, 32] - block[4, 32]) / 256  # 4 latent frames of 64 tokens more
+            per_text = (block[4, 64] - block[4, 32]) / 32
+            assert per_video == pytest.approx(expected.video, rel=0.01), (width, kind, per_video, expected)
+            assert per_text == pytest.approx(expected.text, rel=0.01), (width, kind, per_text, expected)
 
 
 def test_dit_setup_refuses_what_it_does_not_price_in_one_line() -> None:
@@ -148,9 +204,11 @@ def test_dit_setup_refuses_what_it_does_not_price_in_one_line() -> None:
         DiTSetup(train="frozen-vision")
     with pytest.raises(ConfigError, match=r"^world_size=8 needs sharding ddp or fsdp$"):
         DiTSetup(world_size=8)
-    image = {"_class_name": "WanTransformer3DModel", "image_dim": 1280, "added_kv_proj_dim": 5120}
-    with pytest.raises(ConfigError, match=r"image conditioning .* is not priced yet$"):
-        DiTCostModel(DiTConfig("i2v", "WanTransformer3DModel", image, VAEFactors(4, 8, 16, "x")))
+    for image in ({"_class_name": "WanTransformer3DModel", "image_dim": 1280, "added_kv_proj_dim": 5120},
+                  {"_class_name": "HunyuanVideoTransformer3DModel", "image_condition_type": "token_replace"},
+                  {"_class_name": "CosmosTransformer3DModel", "img_context_dim_in": 1152}):  # fmt: skip
+        with pytest.raises(ConfigError, match=r"image (conditioning|context) .* is not priced yet$"):
+            DiTCostModel(DiTConfig("i2v", image["_class_name"], image, VAEFactors(4, 8, 16, "x")))
 
 
 def _pipeline(tmp_path: Path, arch: str, vae: bool = True) -> Path:
