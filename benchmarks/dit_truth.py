@@ -126,12 +126,38 @@ def measure(arch: str, shape: tuple[int, int, int, int], setup: tuple[str, bool,
     }  # fmt: skip
 
 
+def table(points: list[dict[str, Any]]) -> str:
+    """Per model and setup: the measured peaks' range and the cost model's error range (Markdown)."""
+    from tokenbucket.cost.dit import DiTCostModel, DiTSetup
+
+    rows: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for p in points:
+        setup = DiTSetup(train=p["train"], checkpointing=p["checkpointing"], sharding=p["sharding"],
+                         world_size=p["world_size"])  # fmt: skip
+        est = DiTCostModel(config(p["arch"]), setup).sample_memory(
+            p["batch"], frames=p["frames"], height=p["height"], width=p["width"], text_tokens=p["text_tokens"]
+        )
+        name = p["train"] + (" + ckpt" if p["checkpointing"] else "") + (" FSDP-8" if p["sharding"] == "fsdp" else "")
+        err = 100.0 * (est.peak_bytes - p["peak_bytes"]) / p["peak_bytes"]
+        rows.setdefault((p["arch"], name), []).append((p["peak_bytes"] / 2**30, err))
+    out = ["| model | setup | shapes | measured GiB | cost model vs measured |", "|---|---|---:|---|---|"]
+    for (arch, name), vals in rows.items():
+        gib, errs = [v[0] for v in vals], [v[1] for v in vals]
+        out.append(f"| {arch} | {name} | {len(vals)} | {min(gib):,.1f} .. {max(gib):,.1f} | "
+                   f"{min(errs):+.1f} .. {max(errs):+.1f} % |")  # fmt: skip
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", choices=sorted(PUBLISHED))
     parser.add_argument("--out", type=Path, default=Path("tests/data/dit_truth.json"))
     parser.add_argument("--merge", nargs="+", type=Path)
+    parser.add_argument("--table", action="store_true", help="print the fixture's points beside the cost model")
     args = parser.parse_args(argv)
+    if args.table:
+        print(table(json.loads(args.out.read_text())["points"]))
+        return 0
     configs = {
         arch: {"transformer": t, "vae": [v.temporal, v.spatial, v.channels]} for arch, (t, v) in PUBLISHED.items()
     }
