@@ -243,7 +243,12 @@ def test_dit_cost_cli_reads_a_pipeline_or_a_transformer_config_alone(tmp_path: P
     alone = pipe / "transformer" / "config.json"
     assert main(["cost", "--hf-config", str(alone), "--sample", SAMPLE, "--batch", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["vae"]["source"].startswith("published") and out["video_tokens"] == 21 * 30 * 52
+    # the published VAE its 48 latent channels imply: Wan 2.2's, 16 pixels a latent
+    assert out["vae"]["source"].startswith("published (Wan 2.2 VAE") and out["video_tokens"] == 21 * 15 * 26
+    wan21 = _pipeline(tmp_path / "wan21", "wan2.1-1.3b") / "transformer" / "config.json"
+    assert main(["cost", "--hf-config", str(wan21), "--sample", SAMPLE, "--batch", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["vae"]["source"].startswith("published (Wan 2.1 VAE") and out["video_tokens"] == 21 * 30 * 52
     for argv, message in (
         (["--sample", SAMPLE.replace("480", "470")], "multiples of 16 (WanPipeline.check_inputs)"),
         (["--sample", SAMPLE, "--train", "frozen-vision"], "--train frozen-vision freezes a VLM's tower"),

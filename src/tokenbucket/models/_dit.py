@@ -195,6 +195,11 @@ class VideoDiT:
         """The transformer's ``(p_t, p_h, p_w)``."""
         raise AssertionError(f"video DiT family {self.name!r} does not define this")
 
+    def default_vae(self, transformer: Mapping[str, Any]) -> VAEFactors:
+        """The VAE a transformer config alone implies: the family's published one (a family with
+        several published VAEs tells them apart by the transformer's latent channels)."""
+        return self.published_vae
+
     # -- tokens ---------------------------------------------------------------------------------
 
     def latents(self, cfg: DiTConfig, frames: int, height: int, width: int) -> Latents:
@@ -326,5 +331,5 @@ def read_pipeline(path: str | Path) -> DiTConfig:
     if vae_path is not None and vae_path.is_file():
         vae = fam.vae_factors(_read_json(vae_path, "vae config.json"), f"vae config.json {str(vae_path)!r}")
     else:
-        vae = fam.published_vae
+        vae = fam.default_vae(config)
     return DiTConfig(str(config_path), name, config, vae, pipeline)

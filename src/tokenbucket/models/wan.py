@@ -72,7 +72,9 @@ from tokenbucket.models._dit import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DIT"]
+__all__ = ["DIT", "WAN22_VAE"]
+
+WAN22_VAE = VAEFactors(4, 16, 48, "published (Wan 2.2 VAE: its transformer takes 48 latent channels)")
 
 
 def patch_triple(cfg: DiTConfig, default: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -103,6 +105,12 @@ class Wan(VideoDiT):
             config_int(vae, "z_dim", 16, where),
             where,
         )
+
+    def default_vae(self, transformer: Mapping[str, Any]) -> VAEFactors:
+        # Wan 2.2 TI2V-5B's VAE (16 pixels a latent, 48 channels) is the one whose latents have 48 channels
+        if transformer.get("in_channels") == WAN22_VAE.channels:
+            return WAN22_VAE
+        return self.published_vae
 
     def patch_sizes(self, cfg: DiTConfig) -> tuple[int, int, int]:
         return patch_triple(cfg, (1, 2, 2))
