@@ -76,7 +76,15 @@ def test_dit_cost_is_within_the_band_of_every_measured_point() -> None:
     assert BAND[0] <= worst[0][0] and worst[1][0] <= BAND[1], worst
 
 
-@pytest.mark.parametrize("arch", sorted(json.loads(TRUTH.read_text())["configs"]))
+# the smallest published config of each family in the fast tier, the larger ones in the slow one
+FAST_PARAMS = {"wan2.1-1.3b", "cogvideox-2b", "ltx-video-2b", "hunyuan-video", "cosmos-predict2-2b"}
+
+
+@pytest.mark.parametrize(
+    "arch",
+    [pytest.param(a, marks=[pytest.mark.slow] * (a not in FAST_PARAMS)) for a in sorted(
+        json.loads(TRUTH.read_text())["configs"])],
+)  # fmt: skip
 def test_dit_params_equal_what_diffusers_builds(arch: str) -> None:
     """The whole count, the fp32-kept share, the largest block and the LoRA adapters on
     ``to_q``/``to_k``/``to_v``/``to_out.0`` (whatever those names hit in the family: HunyuanVideo's
@@ -179,8 +187,14 @@ def _tiny_saved(class_name: str, width: tuple[int, int, float], blocks: tuple[in
     return _saved_bytes(cfg, Latents(frames, side, side, frames // p_t * (side // p_h) * (side // p_w)), text, train)
 
 
-@pytest.mark.parametrize("train", ["full", "lora"])
-@pytest.mark.parametrize("class_name", sorted(TINY))
+# every family's full step and Wan's LoRA step in the fast tier, the other LoRA steps in the slow one
+BLOCK_CASES = [
+    pytest.param(c, t, marks=[pytest.mark.slow] * (t == "lora" and c != "WanTransformer3DModel"), id=f"{c}-{t}")
+    for c in sorted(TINY) for t in ("full", "lora")
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("class_name", "train"), BLOCK_CASES)
 def test_dit_block_terms_equal_what_autograd_saves_in_diffusers_block(class_name: str, train: str) -> None:
     """Each kind of block's bytes per video token and per text token: the difference between one
     and two blocks of that kind, at two token counts and two text lengths, for two widths (head
