@@ -84,3 +84,15 @@ def json_object(text: str, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"{where} should be a JSON object, but got {type(value).__name__}")
     return value
+
+
+def read_json_file(path: Path, label: str) -> dict[str, Any]:
+    """The JSON object in the file ``path`` (``label`` names it in errors: ``config.json``), or a
+    one-line ConfigError: missing, unreadable, not JSON, not an object."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{label} {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{label} {str(path)!r} cannot be read: {exc}") from None
+    return json_object(text, f"{label} {str(path)!r}")

@@ -37,7 +37,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from tokenbucket._config import json_object
+from tokenbucket._config import read_json_file
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.models._registry import DIT_MODULES
 
@@ -278,16 +278,6 @@ def dit_family(class_name: str) -> VideoDiT:
     return _load(DIT_MODULES[class_name])
 
 
-def _read_json(path: Path, label: str) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{label} {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{label} {str(path)!r} cannot be read: {exc}") from None
-    return json_object(text, f"{label} {str(path)!r}")
-
-
 def is_pipeline(path: str | Path) -> bool:
     """Whether ``path`` is a diffusers pipeline folder (a ``model_index.json`` in it), or a
     ``config.json`` (or a folder holding one) whose ``_class_name`` names a video DiT."""
@@ -313,7 +303,7 @@ def read_pipeline(path: str | Path) -> DiTConfig:
     pipeline: str | None = None
     vae_path: Path | None = None
     if p.is_dir() and (p / "model_index.json").is_file():
-        index = _read_json(p / "model_index.json", "model_index.json")
+        index = read_json_file(p / "model_index.json", "model_index.json")
         pipeline = str(index.get("_class_name", "")) or None
         config_path = p / "transformer" / "config.json"
         if not config_path.is_file():
@@ -321,7 +311,7 @@ def read_pipeline(path: str | Path) -> DiTConfig:
         vae_path = p / "vae" / "config.json"
     else:
         config_path = p / "config.json" if p.is_dir() else p
-    config = _read_json(config_path, "config.json")
+    config = read_json_file(config_path, "config.json")
     name = config.get("_class_name")
     if not isinstance(name, str):
         raise ConfigError(
@@ -329,7 +319,7 @@ def read_pipeline(path: str | Path) -> DiTConfig:
         )
     fam = dit_family(name)
     if vae_path is not None and vae_path.is_file():
-        vae = fam.vae_factors(_read_json(vae_path, "vae config.json"), f"vae config.json {str(vae_path)!r}")
+        vae = fam.vae_factors(read_json_file(vae_path, "vae config.json"), f"vae config.json {str(vae_path)!r}")
     else:
         vae = fam.default_vae(config)
     return DiTConfig(str(config_path), name, config, vae, pipeline)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenbucket import _values as V
-from tokenbucket._config import json_object
+from tokenbucket._config import read_json_file
 from tokenbucket._exceptions import ConfigError
 from tokenbucket.models._registry import MODULES
 
@@ -178,16 +178,6 @@ def _dotted(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
-def _read_json(path: Path, label: str) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{label} {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{label} {str(path)!r} cannot be read: {exc}") from None
-    return json_object(text, f"{label} {str(path)!r}")
-
-
 def read_hf_config(path: str | Path | HFConfig) -> HFConfig:
     """Read ``config.json`` (a file, or a directory holding one) and a sibling
     ``preprocessor_config.json`` and ``video_preprocessor_config.json``."""
@@ -195,9 +185,9 @@ def read_hf_config(path: str | Path | HFConfig) -> HFConfig:
         return path
     p = Path(path)
     config_path = p / "config.json" if p.is_dir() else p
-    config = _read_json(config_path, "config.json")
+    config = read_json_file(config_path, "config.json")
     pre_path = config_path.parent / "preprocessor_config.json"
-    pre = _read_json(pre_path, "preprocessor_config.json") if pre_path.is_file() else {}
+    pre = read_json_file(pre_path, "preprocessor_config.json") if pre_path.is_file() else {}
     video_path = config_path.parent / "video_preprocessor_config.json"
-    video = _read_json(video_path, "video_preprocessor_config.json") if video_path.is_file() else None
+    video = read_json_file(video_path, "video_preprocessor_config.json") if video_path.is_file() else None
     return HFConfig(str(config_path), config, pre, video)
