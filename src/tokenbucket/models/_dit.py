@@ -289,7 +289,7 @@ def is_pipeline(path: str | Path) -> bool:
         return False
     try:
         name = json.loads(config.read_text(encoding="utf-8")).get("_class_name")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError):  # not ours: the caller says why
         return False
     return name in DIT_MODULES
 
