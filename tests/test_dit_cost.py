@@ -187,9 +187,12 @@ def _tiny_saved(class_name: str, width: tuple[int, int, float], blocks: tuple[in
     return _saved_bytes(cfg, Latents(frames, side, side, frames // p_t * (side // p_h) * (side // p_w)), text, train)
 
 
-# every family's full step and Wan's LoRA step in the fast tier, the other LoRA steps in the slow one
+# the fast tier: the full step of the three families whose tiny blocks build in about a second, and
+# Wan's LoRA step; the slow tier: the rest (HunyuanVideo's two kinds of block, CogVideoX, the LoRA steps)
+FAST_BLOCKS = {("WanTransformer3DModel", "full"), ("WanTransformer3DModel", "lora"),
+               ("LTXVideoTransformer3DModel", "full"), ("CosmosTransformer3DModel", "full")}  # fmt: skip
 BLOCK_CASES = [
-    pytest.param(c, t, marks=[pytest.mark.slow] * (t == "lora" and c != "WanTransformer3DModel"), id=f"{c}-{t}")
+    pytest.param(c, t, marks=[pytest.mark.slow] * ((c, t) not in FAST_BLOCKS), id=f"{c}-{t}")
     for c in sorted(TINY) for t in ("full", "lora")
 ]  # fmt: skip
 

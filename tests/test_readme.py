@@ -117,6 +117,7 @@ SLOW = {
     "docs/cli#cli-0",
     "docs/guides/platform#beyond-one-machine-the-ray-engine-0",
     "docs/guides/vlm#measure-a-real-model-instead-profile-hf-config-0",
+    "docs/guides/world-models#buckets-of-resolution-frames-0",
 }
 # blocks that time real training steps on this machine and fit them (`tokenbucket calibrate` on the
 # demo's CPU run): a neighbour on the cores can flatten the times it fits, so they run alone
