@@ -35,9 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dit_truth import config
 
-from tokenbucket.cost.dit import DiTCostModel, DiTSetup
-from tokenbucket.cost.gpus import gpu_budget_bytes
-from tokenbucket.plan.video_buckets import check_bucket_config, plan_video_buckets
+from tokenbucket import DiTCostModel, DiTSetup, check_bucket_config, gpu_budget_bytes, plan_video_buckets
 
 SIZES = [(480, 832), (720, 1280)]
 FRAMES = [1, 33, 49, 81, 121]

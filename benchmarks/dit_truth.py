@@ -29,9 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tokenbucket.cost.dit_profile import profile_dit
+from tokenbucket import DiTConfig, VAEFactors, profile_dit
 from tokenbucket.models import dit_family
-from tokenbucket.models._dit import DiTConfig, VAEFactors
 
 _WAN = {"_class_name": "WanTransformer3DModel", "patch_size": [1, 2, 2], "attention_head_dim": 128,
         "in_channels": 16, "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "cross_attn_norm": True,
@@ -128,7 +127,7 @@ def measure(arch: str, shape: tuple[int, int, int, int], setup: tuple[str, bool,
 
 def table(points: list[dict[str, Any]]) -> str:
     """Per model and setup: the measured peaks' range and the cost model's error range (Markdown)."""
-    from tokenbucket.cost.dit import DiTCostModel, DiTSetup
+    from tokenbucket import DiTCostModel, DiTSetup
 
     rows: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for p in points:

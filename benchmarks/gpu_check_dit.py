@@ -17,9 +17,8 @@ import time
 
 import torch
 
-from tokenbucket.cost.dit import DiTCostModel, DiTSetup
+from tokenbucket import DiTConfig, DiTCostModel, DiTSetup, VAEFactors
 from tokenbucket.models import dit_family
-from tokenbucket.models._dit import DiTConfig, VAEFactors
 
 WAN_13B = {"_class_name": "WanTransformer3DModel", "patch_size": [1, 2, 2], "num_attention_heads": 12,
            "attention_head_dim": 128, "in_channels": 16, "out_channels": 16, "text_dim": 4096, "freq_dim": 256,
@@ -75,7 +74,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: this check needs a GPU", file=sys.stderr)
         return 2
-    from tokenbucket.cost.dit_profile import profile_dit
+    from tokenbucket import profile_dit
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}\n")
     print("| frames | size | train | ckpt | tokens | analytic GiB | fake GiB | CUDA GiB | analytic/CUDA | fake/CUDA |")

@@ -262,3 +262,18 @@ def test_video_sampler_and_collate_give_each_planned_clip_once_in_batches_of_one
     with pytest.raises(ConfigError, match=r"^a batch mixes latent shapes .* feed the DataLoader video_sampler"):
         DiTLatentCollate()([{"latents": torch.zeros(1, 1, 2, 2), "text": torch.zeros(1, 2)},
                             {"latents": torch.zeros(1, 2, 2, 2), "text": torch.zeros(1, 2)}])  # fmt: skip
+
+
+def test_video_plan_cli_bad_clip_values_end_in_one_line_and_force_never_replaces_an_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pipe, meta = _pipeline(tmp_path / "wan"), tmp_path / "clips.parquet"
+    pq.write_table(pa.table({"frames": ["81", "many"], "height": [480, 480], "width": [832, 832]}), meta)
+    base = ["plan", str(meta), "--hf-config", str(pipe), "--gpu", "H100-SXM"]
+    code, _, err = _cli(capsys, *base, "--out", str(tmp_path / "plan.parquet"))
+    assert code != 0 and len(err.strip().splitlines()) == 1
+    assert str(meta) in err and "row 1" in err and "'frames'" in err and "many" in err
+    pq.write_table(clips(5), meta)
+    before = meta.read_bytes()
+    code, _, err = _cli(capsys, *base, "--on-oversize", "reject", "--out", str(meta), "--force")  # the input, forced
+    assert code == 2 and "is (or holds) the metadata input" in err and meta.read_bytes() == before

@@ -18,6 +18,7 @@ from typing import Any
 
 from tokenbucket._exceptions import ConfigError, UsageError
 from tokenbucket.cli._common import _budget, _gib, _json_object_arg
+from tokenbucket.cli._staged import _as_flags
 from tokenbucket.cost.dit import DiTCostModel, DiTEstimate, DiTSetup
 from tokenbucket.models._dit import DiTConfig, is_pipeline, read_pipeline
 
@@ -65,9 +66,7 @@ def dit_cost_from_args(args: argparse.Namespace) -> tuple[DiTConfig, DiTCostMode
     try:
         return cfg, DiTCostModel(cfg, DiTSetup(**chosen))
     except ConfigError as exc:
-        raise UsageError(
-            str(exc).replace("world_size=", "--world-size ").replace("lora_rank=", "--lora-rank ")
-        ) from None
+        raise UsageError(_as_flags(str(exc))) from None
 
 
 def dit_sample(text: str | None) -> dict[str, Any]:

@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from tokenbucket._config import json_object
+from tokenbucket._config import read_json_file
 from tokenbucket._exceptions import ConfigError, UsageError
 from tokenbucket.cli._common import _budget, _gib
 from tokenbucket.cli._dit import dit_cost_from_args, is_dit
-from tokenbucket.plan.video_buckets import FRAME_BUCKETS, check_bucket_config, plan_video_buckets
+from tokenbucket.plan.video_buckets import FRAME_BUCKETS, check_bucket_config, plan_video_buckets, write_video_plan
 from tokenbucket.tokens.metadata import read_metadata
 
 __all__ = ["add_video_flags", "refuse_video_flags", "run_bucket_config", "run_dit_plan"]
@@ -33,7 +28,6 @@ __all__ = ["add_video_flags", "refuse_video_flags", "run_bucket_config", "run_di
 # -- plan ----------------------------------------------------------------------------------------
 
 VIDEO_FLAGS = ("frame_buckets", "sizes", "export", "view_layout")
-PLAN_FOOTER = b"tokenbucket.video_plan"
 # plan flags of the length planner that a video DiT's plan does not take: (attribute, default)
 _LENGTH_ONLY = (
     ("lerobot", None), ("lerobot_policy", None), ("plan_mode", "static"), ("buckets", "1d"), ("profile", None),
@@ -103,30 +97,6 @@ def _sizes(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def _is_our_plan(path: Path) -> bool:
-
-    try:
-        meta = pq.read_schema(path).metadata or {}
-    except (OSError, ValueError, pa.ArrowException):
-        return False
-    return PLAN_FOOTER in meta
-
-
-def _write_plan(out: Path, table: pa.Table, plan_json: dict[str, Any], force: bool) -> None:
-    """NOTE [ Safe output ] in tokenbucket.plan._manifest_io: an existing file is replaced only when
-    it is a plan tokenbucket wrote (or with --force); never a directory; atomically."""
-
-    if out.is_dir() or out.is_symlink():
-        raise UsageError(f"--out {str(out)!r} is a directory or a link: give a new .parquet file")
-    if out.exists() and not force and not _is_our_plan(out):
-        raise UsageError(
-            f"--out {str(out)!r} exists and is not a video plan tokenbucket wrote (give --force to replace it)"
-        )
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    pq.write_table(table.replace_schema_metadata({PLAN_FOOTER: json.dumps(plan_json).encode()}), tmp)
-    os.replace(tmp, out)
-
-
 def run_dit_plan(args: argparse.Namespace) -> int:
     """``tokenbucket plan METADATA --hf-config PIPELINE --gpu NAME --out plan.parquet``."""
 
@@ -161,22 +131,13 @@ def run_dit_plan(args: argparse.Namespace) -> int:
             f"{len(plan.rejected)} clip(s) cannot be planned, the first row {row}: {why} "
             "(give --on-oversize reject to plan the rest and list them)"
         )
-    reasons = dict(plan.rejected)
-    b = [plan.buckets[i] if i >= 0 else None for i in plan.assignment.tolist()]
-    columns: dict[str, Any] = {}
-    if "key" in table.column_names:
-        columns["key"] = table.column("key")
-    columns.update(
-        row=pa.array(range(len(b)), pa.int64()),
-        bucket=pa.array(plan.assignment, pa.int64()),
-        frames=pa.array([x.frames if x else None for x in b], pa.int64()),
-        height=pa.array([x.height if x else None for x in b], pa.int64()),
-        width=pa.array([x.width if x else None for x in b], pa.int64()),
-        video_tokens=pa.array([x.video_tokens if x else None for x in b], pa.int64()),
-        reason=pa.array([reasons.get(i) for i in range(len(b))], pa.string()),
-    )
     plan_json = {**plan.to_dict(), "model": cfg.class_name, "pipeline": str(args.hf_config), "setup": vars(cost.setup)}
-    _write_plan(args.out, pa.table(columns), plan_json, args.force)
+    keys = table.column("key") if "key" in table.column_names else None
+    try:
+        write_video_plan(plan, args.out, keys=keys, meta={k: plan_json[k] for k in ("model", "pipeline", "setup")},
+                         inputs=sources, force=args.force)  # fmt: skip
+    except ConfigError as exc:  # a mistake in --out: "out ... exists and is not ..." as the flag says it
+        raise UsageError(f"--{exc}") from None
     if export is not None:
         export.write_text(json.dumps(plan.to_opensora(), indent=1) + "\n")
     if args.json:
@@ -207,11 +168,7 @@ def run_bucket_config(args: argparse.Namespace) -> int:
     budget = _budget(args)
     if budget is None:
         raise UsageError("a bucket_config is checked against a GPU: give --gpu NAME or --budget-gib X")
-    try:
-        text = args.manifest.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {str(args.manifest)!r}: {exc}") from None
-    config = json_object(text, f"bucket_config {str(args.manifest)!r}")
+    config = read_json_file(args.manifest, "bucket_config")
     cfg, cost = dit_cost_from_args(args)
     rows = check_bucket_config(config, cost, budget, text_tokens=args.text_tokens, where=str(args.manifest))
     over = [r for r in rows if not r["fits"]]

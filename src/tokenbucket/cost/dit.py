@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenbucket._exceptions import ConfigError
+from tokenbucket._search import grow_then_bisect
 from tokenbucket.cost.gpus import GPU, get_gpu
 from tokenbucket.cost.step_time import FixedCost, StepSeconds, StepTime, comm_bytes, optimizer_io_bytes
 from tokenbucket.models import dit_family
@@ -108,7 +109,7 @@ class DiTCostModel:
     """A video DiT's fine-tuning step priced from its config (NOTE [ The peaks of a DiT step ]).
 
     Example:
-        >>> from tokenbucket.models._dit import DiTConfig, VAEFactors
+        >>> from tokenbucket import DiTConfig, VAEFactors
         >>> cfg = DiTConfig("wan-1.3b", "WanTransformer3DModel", {"num_attention_heads": 12,
         ...     "ffn_dim": 8960, "num_layers": 30}, VAEFactors(4, 8, 16, "published"))
         >>> model = DiTCostModel(cfg)
@@ -230,21 +231,12 @@ class DiTCostModel:
         return StepTime.for_gpu(g).seconds(self.flops(batch, video_tokens, text_tokens), batch * video_tokens,
                                            fixed=fixed)  # fmt: skip
 
-    def max_batch(self, video_tokens: int, text_tokens: int, budget_bytes: int, limit: int = 1 << 16) -> int:
-        """The largest batch of samples of this size whose peak is within ``budget_bytes`` (0: none)."""
-        if self.memory(1, video_tokens, text_tokens).peak_bytes > budget_bytes:
-            return 0
-        lo, hi = 1, 2
-        while hi <= limit and self.memory(hi, video_tokens, text_tokens).peak_bytes <= budget_bytes:
-            lo, hi = hi, hi * 2
-        hi = min(hi, limit + 1)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.memory(mid, video_tokens, text_tokens).peak_bytes <= budget_bytes:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+    def max_batch(self, video_tokens: int, text_tokens: int, budget_bytes: int) -> int:
+        """The largest batch of samples of this size whose peak is within ``budget_bytes`` (0: none;
+        NOTE [ Doubling then bisection ])."""
+        return grow_then_bisect(
+            lambda b: self.memory(b, video_tokens, text_tokens).peak_bytes <= budget_bytes, what="a video DiT's batch"
+        )
 
     def sample_memory(
         self, batch: int, *, frames: int, height: int, width: int, text_tokens: int, views: int = 1,

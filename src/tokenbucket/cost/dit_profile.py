@@ -37,9 +37,9 @@ its block lists after the family: ``blocks`` (Wan), ``transformer_blocks`` (CogV
 Cosmos, HunyuanVideo's dual-stream blocks), ``single_transformer_blocks`` (HunyuanVideo's
 single-stream blocks) and ``refiner_blocks`` (HunyuanVideo's text token refiner): every
 ``ModuleList`` whose name ends in ``blocks`` is a block list, and each of its children one unit.
-The measured step takes that rule in place of :func:`~tokenbucket.cost.hf_profile.measure_step`'s
-decoder-layer rule (``layers``/``blocks``/``layer`` lists) while it runs; for Wan, whose one list
-is ``blocks``, the two rules wrap the same units.
+The measured step hands that rule to :func:`~tokenbucket.cost.hf_profile.measure_step` as its
+``units`` in place of the decoder-layer rule (``layers``/``blocks``/``layer`` lists); for Wan, whose
+one list is ``blocks``, the two rules wrap the same units.
 
 NOTE [ Cosmos's padding-mask resize ]
 ``CosmosTransformer3DModel.forward`` resizes the pipeline's pixel-size padding mask to the latent
@@ -65,7 +65,6 @@ import peft
 import torch
 
 from tokenbucket._exceptions import ConfigError
-from tokenbucket.cost import hf_profile
 from tokenbucket.cost._fake_step import _no_adapter_move
 from tokenbucket.cost.hf_profile import StepShape, measure_step
 from tokenbucket.cost.profile import default_dtype
@@ -148,17 +147,6 @@ def _block_lists(model: torch.nn.Module) -> list[torch.nn.Module]:
         if isinstance(module, torch.nn.ModuleList) and name.rsplit(".", 1)[-1].endswith("blocks"):
             out.extend(module)
     return out
-
-
-@contextlib.contextmanager
-def _dit_units() -> Iterator[None]:
-    """NOTE [ A DiT's FSDP units ]: :func:`measure_step` shards the DiT's blocks while active."""
-    layer_lists = hf_profile._layer_lists
-    hf_profile._layer_lists = _block_lists
-    try:
-        yield
-    finally:
-        hf_profile._layer_lists = layer_lists
 
 
 def _keep_in_fp32(model: torch.nn.Module) -> int:
@@ -250,9 +238,8 @@ def profile_dit(
                 specs[f"{key}{_PART}{i}"] = (tuple(t.shape), t.dtype)
         else:
             plain[key] = value
-    with _dit_units():  # NOTE [ A DiT's FSDP units ]
-        run = measure_step(build, plain, specs, sharding=sharding, world_size=world_size, steps=steps,
-                           shape=StepShape(kernels="cuda"))  # fmt: skip
+    run = measure_step(build, plain, specs, sharding=sharding, world_size=world_size, steps=steps,
+                       shape=StepShape(kernels="cuda"), units=_block_lists)  # fmt: skip
     return DiTProfile(
         peak_bytes=int(run["peak_bytes"]),
         breakdown=dict(run["peak_breakdown"]),

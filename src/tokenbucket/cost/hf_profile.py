@@ -101,6 +101,7 @@ __all__ = ["HF_CLASSES", "LOOPS", "HFProfile", "StepShape", "measure_step", "pro
 
 Builder = Callable[[], tuple[torch.nn.Module, list[str]]]
 InputSpecs = dict[str, tuple[tuple[int, ...], torch.dtype]]
+Units = Callable[[torch.nn.Module], list[torch.nn.Module]]
 LOOPS = tuple(sorted(SETUP_LOOPS))  # the loops TrainSetup prices, each measurable
 # the precisions profile_hf builds in (NOTE [ The build dtype ]); amp would need autocast in the step
 BUILD_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -316,8 +317,9 @@ def _single(build: Builder, real: dict[str, Any], specs: InputSpecs, steps: int,
 
 
 def _fsdp(
-    build: Builder, real: dict[str, Any], specs: InputSpecs, steps: int, world: int, shape: StepShape
-) -> dict[str, Any]:
+    build: Builder, real: dict[str, Any], specs: InputSpecs, steps: int, world: int, shape: StepShape,
+    units: Units,
+) -> dict[str, Any]:  # fmt: skip
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
@@ -325,7 +327,7 @@ def _fsdp(
         with FakeTensorMode(allow_non_fake_inputs=True):
             model, frozen = build()
             counts = _counts(model)  # the whole model's, before it is sharded
-            for layer in _layer_lists(model):
+            for layer in units(model):
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
             inputs = _fake_inputs(real, specs)
@@ -385,7 +387,7 @@ def _ddp(
 
 def measure_step(
     build: Builder, real: dict[str, Any], fake: InputSpecs, *, sharding: str = "none", world_size: int = 1,
-    steps: int = 1, shape: StepShape | None = None,
+    steps: int = 1, shape: StepShape | None = None, units: Units = _layer_lists,
 ) -> dict[str, Any]:  # fmt: skip
     """The peak of ``steps`` training steps of the model ``build()`` makes (under fake mode).
 
@@ -396,12 +398,13 @@ def measure_step(
             per-token ones (``input_ids``, ``labels``, ``position_ids``, ``token_type_ids``) are
             re-made fake at their shape. Keys starting with ``_`` are held, not passed.
         fake: ``{name: (shape, dtype)}`` inputs made fake (pixels).
-        sharding: ``none``, ``fsdp`` (FSDP2, one unit per decoder layer and vision block, the
-            root one more) or ``ddp`` (NOTE [ DDP on fake tensors ]), over ``world_size`` fake ranks.
+        sharding: ``none``, ``fsdp`` (FSDP2, one unit per module ``units`` lists, the root one
+            more) or ``ddp`` (NOTE [ DDP on fake tensors ]), over ``world_size`` fake ranks.
         steps: 1 (the first step) or 2 (the steady state, optimizer states live).
         shape: how the step is written: the loop, ``use_cache``, the attention kernels and the
             optimizer (default :class:`StepShape`: output dropped, the config's cache, CPU
             kernels, AdamW).
+        units: the modules FSDP shards one by one (default: every decoder layer and vision block).
 
     Returns:
         ``peak_bytes`` (per rank), ``peak_breakdown`` (the tracker's categories at the peak),
@@ -412,7 +415,7 @@ def measure_step(
         warnings.simplefilter("ignore")
         with attention_kernels(shape.kernels):
             if sharding == "fsdp":
-                return _fsdp(build, real, fake, steps, world_size, shape)
+                return _fsdp(build, real, fake, steps, world_size, shape, units)
             if sharding == "ddp":
                 return _ddp(build, real, fake, steps, world_size, shape)
             if sharding != "none":

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from tokenbucket._config import read_json_file
 from tokenbucket._exceptions import ConfigError
+from tokenbucket.models._base import check_frames, check_image_size
 from tokenbucket.models._registry import DIT_MODULES
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ __all__ = [
     "config_int",
     "dit_family",
     "is_pipeline",
+    "patch_triple",
     "read_pipeline",
 ]
 
@@ -152,9 +154,22 @@ class StepTerms:
 
 def check_clip(frames: object, height: object, width: object) -> None:
     """A clip's frames, height and width: positive integers (one-line error naming the field)."""
-    for name, value in (("frames", frames), ("height", height), ("width", width)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} should be a positive integer, but got {name}={value!r}")
+    check_frames(frames)
+    check_image_size(height, width)
+
+
+def patch_triple(cfg: DiTConfig, default: tuple[int, int, int]) -> tuple[int, int, int]:
+    """A ``patch_size`` key given as three positive integers ``(p_t, p_h, p_w)`` (Wan, Cosmos)."""
+    value = cfg.get("patch_size", list(default))
+    if (
+        not isinstance(value, list | tuple)
+        or len(value) != 3
+        or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value)
+    ):
+        raise ConfigError(
+            f"config.json {cfg.path!r}: key 'patch_size' should be three positive integers, got {value!r}"
+        )
+    return int(value[0]), int(value[1]), int(value[2])
 
 
 def config_int(table: Mapping[str, Any], key: str, default: int | None, where: str) -> int:
@@ -291,7 +306,7 @@ def is_pipeline(path: str | Path) -> bool:
         name = json.loads(config.read_text(encoding="utf-8")).get("_class_name")
     except (OSError, UnicodeDecodeError, ValueError, AttributeError, RecursionError):  # not ours: the caller says why
         return False
-    return name in DIT_MODULES
+    return isinstance(name, str) and name in DIT_MODULES
 
 
 def read_pipeline(path: str | Path) -> DiTConfig:

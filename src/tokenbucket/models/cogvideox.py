@@ -56,7 +56,7 @@ for 2B): :attr:`DiTParams.buffers`. It is not a parameter, so FSDP leaves it who
 The class builds it so; a script that casts the whole transformer to bf16 holds a quarter of it.
 
 Example:
-    >>> from tokenbucket.models._dit import DiTConfig
+    >>> from tokenbucket import DiTConfig
     >>> cfg = DiTConfig("cogvideox", "CogVideoXTransformer3DModel", {"patch_size": 2}, DIT.published_vae)
     >>> DIT.latents(cfg, 49, 480, 720)  # 13 latent frames of 60 x 90, 2 x 2 patches
     Latents(frames=13, height=60, width=90, tokens=17550)

@@ -50,7 +50,7 @@ tracker holds through backward ] there); the backward's working set beyond that 
 unsharded, fitted to the measured peaks (Predict2 2B and 14B), and none under FSDP.
 
 Example:
-    >>> from tokenbucket.models._dit import DiTConfig
+    >>> from tokenbucket import DiTConfig
     >>> cfg = DiTConfig("cosmos", "CosmosTransformer3DModel", {"patch_size": [1, 2, 2]}, DIT.published_vae)
     >>> DIT.latents(cfg, 93, 704, 1280)  # Predict2: 24 latent frames of 88 x 160, 1 x 2 x 2 patches
     Latents(frames=24, height=88, width=160, tokens=84480)
@@ -73,9 +73,9 @@ from tokenbucket.models._dit import (
     VideoDiT,
     check_clip,
     config_int,
+    patch_triple,
 )
 from tokenbucket.models._dit_terms import held_inputs, lora_mlp_peak, mlp_width
-from tokenbucket.models.wan import patch_triple
 
 if TYPE_CHECKING:
     import torch

@@ -50,7 +50,7 @@ the backward's working set beyond that is ``8 D`` unsharded, fitted to the measu
 FSDP it is none, less the forward's transients above (gone by then).
 
 Example:
-    >>> from tokenbucket.models._dit import DiTConfig
+    >>> from tokenbucket import DiTConfig
     >>> cfg = DiTConfig("hunyuan", "HunyuanVideoTransformer3DModel", {}, DIT.published_vae)
     >>> DIT.latents(cfg, 129, 720, 1280)  # 33 latent frames of 90 x 160, 1 x 2 x 2 patches
     Latents(frames=33, height=90, width=160, tokens=118800)

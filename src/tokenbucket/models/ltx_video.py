@@ -42,7 +42,7 @@ FSDP (NOTE [ Gradients the tracker holds through backward ] there); the backward
 beyond that is ``14 D`` unsharded, fitted to the measured peaks, and none under FSDP.
 
 Example:
-    >>> from tokenbucket.models._dit import DiTConfig
+    >>> from tokenbucket import DiTConfig
     >>> cfg = DiTConfig("ltx", "LTXVideoTransformer3DModel", {}, DIT.published_vae)
     >>> DIT.latents(cfg, 161, 512, 768)  # 21 latent frames of 16 x 24, one token each
     Latents(frames=21, height=16, width=24, tokens=8064)

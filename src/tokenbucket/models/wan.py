@@ -44,7 +44,7 @@ should not hold it: compare with ``torch.cuda.max_memory_allocated``
 (``benchmarks/gpu_check_dit.py``) before trusting the checkpointed peak on a GPU.
 
 Example:
-    >>> from tokenbucket.models._dit import DiTConfig
+    >>> from tokenbucket import DiTConfig
     >>> cfg = DiTConfig("wan", "WanTransformer3DModel", {"patch_size": [1, 2, 2]}, DIT.published_vae)
     >>> DIT.latents(cfg, 81, 480, 832)  # 21 latent frames of 60 x 104, 2 x 2 patches
     Latents(frames=21, height=60, width=104, tokens=32760)
@@ -67,6 +67,7 @@ from tokenbucket.models._dit import (
     VideoDiT,
     check_clip,
     config_int,
+    patch_triple,
 )
 
 if TYPE_CHECKING:
@@ -75,20 +76,6 @@ if TYPE_CHECKING:
 __all__ = ["DIT", "WAN22_VAE"]
 
 WAN22_VAE = VAEFactors(4, 16, 48, "published (Wan 2.2 VAE: its transformer takes 48 latent channels)")
-
-
-def patch_triple(cfg: DiTConfig, default: tuple[int, int, int]) -> tuple[int, int, int]:
-    """A ``patch_size`` key given as three positive integers ``(p_t, p_h, p_w)``."""
-    value = cfg.get("patch_size", list(default))
-    if (
-        not isinstance(value, list | tuple)
-        or len(value) != 3
-        or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value)
-    ):
-        raise ConfigError(
-            f"config.json {cfg.path!r}: key 'patch_size' should be three positive integers, got {value!r}"
-        )
-    return int(value[0]), int(value[1]), int(value[2])
 
 
 class Wan(VideoDiT):

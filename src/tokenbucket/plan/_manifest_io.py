@@ -27,7 +27,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -292,13 +292,20 @@ def temp_path(out: Path, kind: str = "tmp") -> Path:
     return out.with_name(f".{out.name}.{os.getpid()}.{kind}")
 
 
-def prepare_out(out: Path, inputs: Sequence[Path], *, force: bool) -> None:
+def prepare_out(
+    out: Path, inputs: Sequence[Path], *, force: bool, ours: Callable[[Path], bool] | None = None,
+    what: str = "tokenbucket manifest",
+) -> None:  # fmt: skip
     """Check that a manifest may be written to ``out``, and clear this ``out``'s stale temporaries.
+
+    ``ours``: a file of another kind tokenbucket writes, which ``out`` may replace (a video plan,
+    :func:`tokenbucket.plan.video_buckets.write_video_plan`; ``what`` names it): that kind is a
+    single file, so a directory ``out`` is refused. ``None``: a manifest, a file or a folder of parts.
 
     Raises:
         ConfigError: ``out`` names no file (``.``), its directory is missing, it is a symbolic
             link, a metadata input (or holds one), a directory holding other files, or a file
-            that is not a manifest (without ``force``).
+            that is not ``what`` (without ``force``).
     """
     if out.name in ("", ".", ".."):
         raise ConfigError(f"out {str(out)!r} names a directory, not a manifest; pass a path such as 'manifest.parquet'")
@@ -317,6 +324,8 @@ def prepare_out(out: Path, inputs: Sequence[Path], *, force: bool) -> None:
                 f"out {str(out)!r} is (or holds) the metadata input {str(path)!r}; pass another path "
                 "(--force never overwrites an input)"
             )
+    if out.is_dir() and ours is not None:
+        raise ConfigError(f"out {str(out)!r} is a directory; a {what} is one file: pass a file's path")
     if out.is_dir():
         stranger = _stranger_in(out)
         if stranger is not None:
@@ -324,9 +333,9 @@ def prepare_out(out: Path, inputs: Sequence[Path], *, force: bool) -> None:
                 f"out {str(out)!r} is a directory holding {stranger!r}, which is not a tokenbucket manifest part; "
                 "pass another path (--force never replaces a directory)"
             )
-    elif not is_manifest_file(out) and not (force and out.is_file()):
+    elif not (ours or is_manifest_file)(out) and not (force and out.is_file()):
         hint = ", or --force (force=True) to replace that file" if out.is_file() else ""
-        raise ConfigError(f"out {str(out)!r} exists and is not a tokenbucket manifest; pass another path{hint}")
+        raise ConfigError(f"out {str(out)!r} exists and is not a {what}; pass another path{hint}")
 
 
 def _same_or_inside(path: Path, out: Path) -> bool:

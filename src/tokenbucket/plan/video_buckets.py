@@ -22,8 +22,7 @@ or whose batch of one is over the budget.
 
 Example:
     >>> import pyarrow as pa
-    >>> from tokenbucket.cost.dit import DiTCostModel, DiTSetup
-    >>> from tokenbucket.models._dit import DiTConfig, VAEFactors
+    >>> from tokenbucket import DiTConfig, DiTCostModel, DiTSetup, VAEFactors
     >>> cfg = DiTConfig("wan-1.3b", "WanTransformer3DModel", {"num_attention_heads": 12,
     ...     "ffn_dim": 8960, "num_layers": 30}, VAEFactors(4, 8, 16, "published"))
     >>> clips = pa.table({"frames": [81, 90, 20, 10], "height": [480, 480, 720, 480],
@@ -44,26 +43,37 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from tokenbucket._exceptions import ConfigError
+from tokenbucket import _arrays as A
+from tokenbucket import _values as V
+from tokenbucket._exceptions import ConfigError, InvalidValueError, MissingColumnError
 from tokenbucket.cost.dit import DiTCostModel
 from tokenbucket.cost.gpus import GPU
+from tokenbucket.plan._manifest_io import prepare_out, replace_out, temp_path
 
 __all__ = [
     "FRAME_BUCKETS",
     "VideoBucket",
     "VideoPlan",
+    "PLAN_KEY",
     "check_bucket_config",
+    "is_video_plan_file",
     "plan_video_buckets",
     "size_multiple",
+    "write_video_plan",
 ]
 
 FRAME_BUCKETS = (1, 17, 33, 49, 65, 81, 97, 113, 129, 161, 193, 257)  # 8k + 1: whole for every family's VAE
 _MULTIPLES = (8, 16, 32, 64, 128)
+# the bounds of a clip's counts: the metadata's own (tokenbucket._values)
+_BOUNDS = {"frames": (1, V.MAX_FRAMES), "height": (1, V.MAX_SIDE), "width": (1, V.MAX_SIDE),
+           "text_tokens": (0, V.MAX_TOKENS), "views": (1, V.MAX_CAMERAS), "cameras": (1, V.MAX_CAMERAS)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -128,6 +138,27 @@ class VideoPlan:
                 out.setdefault(f"{b.height}x{b.width}", {})[str(b.frames)] = [1.0, b.batch_size]
         return out
 
+    def clip_table(self, keys: pa.Array | pa.ChunkedArray | None = None) -> pa.Table:
+        """One row a clip: ``row``, ``bucket`` (-1: rejected), the bucket's ``frames``, ``height``,
+        ``width`` and ``video_tokens`` (null when rejected) and the ``reason`` of a rejected clip;
+        ``keys`` (the metadata's key column) first when given."""
+        kept = self.assignment >= 0
+        index = np.where(kept, self.assignment, 0)
+
+        def column(attr: str) -> pa.Array:
+            values = np.array([getattr(b, attr) for b in self.buckets] or [0], dtype=np.int64)[index]
+            return pa.array(values, pa.int64(), mask=~kept)
+
+        reasons = dict(self.rejected)
+        columns: dict[str, Any] = {} if keys is None else {"key": keys}
+        columns.update(
+            row=pa.array(np.arange(len(self.assignment)), pa.int64()),
+            bucket=pa.array(self.assignment, pa.int64()),
+            **{attr: column(attr) for attr in ("frames", "height", "width", "video_tokens")},
+            reason=pa.array([reasons.get(i) for i in range(len(self.assignment))], pa.string()),
+        )
+        return pa.table(columns)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "budget_bytes": self.budget_bytes,
@@ -148,24 +179,21 @@ def size_multiple(cost: DiTCostModel) -> int:
     raise ConfigError(f"no side up to {_MULTIPLES[-1]} px is whole for {cost.cfg.class_name}")
 
 
-def _column(table: pa.Table, name: str, where: str) -> np.ndarray:
-    if name not in table.column_names:
-        raise ConfigError(f"{where}: missing column {name!r} (a video DiT's clips need frames, height and width)")
-    col = table.column(name)
-    if col.null_count:
-        row = int(np.flatnonzero(np.asarray(col.is_null()))[0])
-        raise ConfigError(f"{where}: row {row}, column {name!r}: missing value")
-    values = np.asarray(col.to_numpy(zero_copy_only=False))
-    if not np.issubdtype(values.dtype, np.integer):
-        bad = [i for i, v in enumerate(values.tolist()) if not float(v).is_integer()]
-        if bad:
-            raise ConfigError(f"{where}: row {bad[0]}, column {name!r}: {values[bad[0]]!r} is not an integer")
-    values = values.astype(np.int64)
-    low = 0 if name == "text_tokens" else 1
-    if values.size and values.min() < low:
-        row = int(np.flatnonzero(values < low)[0])
-        raise ConfigError(f"{where}: row {row}, column {name!r}: {int(values[row])} should be at least {low}")
-    return values
+def _columns(clips: pa.Table, names: Sequence[str], where: str) -> list[np.ndarray]:
+    """The clips' count columns as int64, checked as the metadata's are (``_arrays.check_array``):
+    a missing column or a bad value (null, NaN, negative, not an integer, past the bounds) is one
+    error naming ``where``, the row, the column and the value."""
+    problems = A.Problems()
+    out = []
+    for priority, name in enumerate(names):
+        if name not in clips.column_names:
+            raise ConfigError(f"{where}: {MissingColumnError(name, clips.column_names)}")
+        low, high = _BOUNDS[name]
+        out.append(A.check_array(clips.column(name), low, high, problems, priority, name))
+    if problems:
+        row, reason, column, value = problems.first()
+        raise ConfigError(f"{where}: {InvalidValueError(reason, column=column, row=row, value=value)}")
+    return out
 
 
 def plan_video_buckets(
@@ -183,14 +211,14 @@ def plan_video_buckets(
     the text states vary; ``cameras`` or ``views`` when a sample holds several views, laid as
     ``view_layout`` says, NOTE [ Views of a sample ]) in its bucket (NOTE [ Video buckets ]), each
     bucket with the largest batch ``cost`` fits in ``budget_bytes``; with ``gpu``, its step seconds."""
-    frames = _column(clips, "frames", where)
-    heights = _column(clips, "height", where)
-    widths = _column(clips, "width", where)
-    text = _column(clips, "text_tokens", where) if "text_tokens" in clips.column_names else np.zeros_like(frames)
     named = [c for c in ("views", "cameras") if c in clips.column_names]
     if len(named) > 1:
         raise ConfigError(f"{where}: columns 'views' and 'cameras' both count a sample's views: give one")
-    views = _column(clips, named[0], where) if named else np.ones_like(frames)
+    optional = [c for c in ("text_tokens", *named) if c in clips.column_names]
+    frames, heights, widths, *rest = _columns(clips, ["frames", "height", "width", *optional], where)
+    found = dict(zip(optional, rest, strict=True))
+    text = found.get("text_tokens", np.zeros_like(frames))
+    views = found[named[0]] if named else np.ones_like(frames)
     fb = np.array(sorted(set(int(f) for f in frame_buckets)), dtype=np.int64)
     if not fb.size or fb.min() < 1:
         raise ConfigError(f"frame buckets should be positive integers, but got {list(frame_buckets)}")
@@ -307,3 +335,31 @@ def check_bucket_config(
             "max_batch": cost.max_batch(latents.tokens, text, budget_bytes),
         })  # fmt: skip
     return rows
+
+
+PLAN_KEY = b"tokenbucket.video_plan"  # the footer key of a video plan's Parquet file
+
+
+def is_video_plan_file(path: Path) -> bool:
+    """A regular file whose Parquet footer carries :data:`PLAN_KEY` (the footer only is read)."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        return PLAN_KEY in (pq.read_metadata(path).metadata or {})
+    except (OSError, pa.ArrowException):
+        return False
+
+
+def write_video_plan(
+    plan: VideoPlan, out: Path, *, keys: pa.Array | pa.ChunkedArray | None = None, meta: Mapping[str, Any] | None = None,
+    inputs: Sequence[Path] = (), force: bool = False,
+) -> None:  # fmt: skip
+    """``plan``'s :meth:`VideoPlan.clip_table` as Parquet at ``out``, the plan (and ``meta``) in its
+    footer, by the manifest's rules (NOTE [ Safe output ]): a file tokenbucket did not write is
+    replaced only with ``force``, an input (``inputs``), a directory or a link never; written to a
+    temporary and moved into place."""
+    prepare_out(out, inputs, force=force, ours=is_video_plan_file, what="video plan tokenbucket wrote")
+    footer = json.dumps({**plan.to_dict(), **(meta or {})}).encode()
+    target = temp_path(out)
+    pq.write_table(plan.clip_table(keys).replace_schema_metadata({PLAN_KEY: footer}), target)
+    replace_out(target, out)
